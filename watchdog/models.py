@@ -47,7 +47,7 @@ class ProbeResult:
     gap_max_ms: float | None = None
     answer: str = ""
     quality_pass: bool | None = None  # None when there was no answer to judge
-    load_duration_ms: float | None = None  # Ollama native: model load time, evidence of a cold start
+    load_duration_ms: float | None = None  # Ollama: model load time (cold start)
     cold: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class GpuSample:
     pstate: int | None = None
     throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask
     thermal_violation_ms: float | None = None  # time throttled by heat since the previous sample
-    power_violation_ms: float | None = None  # time throttled by the power cap since the previous sample
+    power_violation_ms: float | None = None  # power-capped time since previous sample
     temp_slowdown_c: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

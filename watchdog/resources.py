@@ -20,3 +20,8 @@ def bundled_dir(kind: str) -> Path:
     if installed.is_dir():
         return installed
     return _PACKAGE.parent.joinpath(*_SOURCE_DIRS[kind])
+
+
+def package_file(name: str) -> Path:
+    """A file shipped inside the package itself (e.g. the example config)."""
+    return _PACKAGE / name

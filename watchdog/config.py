@@ -1,0 +1,308 @@
+"""Settings: one TOML file, validated into frozen dataclasses.
+
+Like uvicorn's Config, the dataclasses only hold values; `load_settings()` does the I/O.
+Every error names the file and the key and says what is expected; the CLI turns a
+ConfigError into one line on stderr and exit status 78 (EX_CONFIG, sysexits.h).
+
+Precedence, lowest first: built-in defaults, the file, then environment variables
+`LLM_WATCHDOG__SECTION__KEY=value` (values parsed as TOML, falling back to a plain string),
+so a systemd drop-in can change one setting without editing the file.
+Secrets (API keys, tokens) come from a file or an environment variable named in the config,
+never from the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.durations import parse_duration
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = Path("/etc/llm-watchdog/config.toml")
+ENV_CONFIG = "LLM_WATCHDOG_CONFIG"
+ENV_PREFIX = "LLM_WATCHDOG__"
+EX_CONFIG = 78
+
+
+class ConfigError(Exception):
+    """A setting is wrong. str(err) is one line naming the file and the key."""
+
+
+def _duration(default: str, *, minimum_s: float = 0.0) -> Any:
+    return field(default=parse_duration(default), metadata={"duration": True, "min": minimum_s})
+
+
+def _choice(default: str, *choices: str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def default_storage_path() -> str:
+    """systemd's StateDirectory= when run as a service, else the XDG state folder."""
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return str(Path(state.split(":")[0]) / "watchdog.db")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "llm-watchdog" / "watchdog.db")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    url: str = "http://127.0.0.1:8000"
+    model: str = "auto"
+    api: str = _choice("openai", "openai", "ollama")
+    engine: str = _choice("auto", "auto", "llamacpp", "vllm", "sglang", "tgi", "ollama", "other")
+    api_key_file: str = ""
+    api_key_env: str = ""
+    launch_command: str = "auto"
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    interval_s: float = _duration("10s", minimum_s=0.1)
+    jitter_s: float = _duration("1s")
+    probe_set: str = "default"
+    connect_timeout_s: float = _duration("3s", minimum_s=0.01)
+    first_token_timeout_s: float = _duration("30s", minimum_s=0.01)
+    total_timeout_s: float = _duration("60s", minimum_s=0.01)
+    cache_mode: str = _choice("bust", "bust", "cached")
+    seed: int = 1234
+    cold_after_idle_s: float = _duration("10m")
+    fingerprint_interval_s: float = _duration("1m", minimum_s=1)
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    enabled: bool = True
+    interval_s: float = _duration("1s", minimum_s=0.05)
+    indices: str | list[int] = "all"
+    call_timeout_s: float = _duration("2s", minimum_s=0.01)
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    path: str = field(default_factory=default_storage_path)
+    raw_retention_s: float = _duration("14d", minimum_s=3600)
+    rollup_interval_s: float = _duration("5m", minimum_s=1)
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: str = _choice("info", "debug", "info", "warning", "error")
+    format: str = _choice("auto", "auto", "journal", "text")
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    gpu: GpuSettings = field(default_factory=GpuSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    source: str = field(default="(built-in defaults)", compare=False)
+
+    def api_key(self) -> str | None:
+        """The server's API key from the file or variable the config names, if any."""
+        return read_secret(
+            self.server.api_key_file, self.server.api_key_env, self.source, "server.api_key"
+        )
+
+    def to_dict(self, *, mask_secrets: bool = True) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "source":
+                continue
+            section = getattr(self, f.name)
+            out[f.name] = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
+        return out
+
+
+def read_secret(file_path: str, env_name: str, source: str, what: str) -> str | None:
+    """A secret named by file or environment variable; a named one that is missing is an error."""
+    if file_path:
+        try:
+            return Path(file_path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"{source}: {what}_file: cannot read {file_path} ({exc.strerror}); "
+                "create it (mode 0600) or remove the key"
+            ) from exc
+    if env_name:
+        value = os.environ.get(env_name)
+        if value is None:
+            raise ConfigError(
+                f"{source}: {what}_env: environment variable {env_name} is not set; "
+                "set it (e.g. in a systemd EnvironmentFile=) or remove the key"
+            )
+        return value.strip()
+    return None
+
+
+# File keys drop the unit suffix of duration fields: `interval = "10s"` fills `interval_s`.
+def _file_key(attr: str) -> str:
+    return attr[:-2] if attr.endswith("_s") else attr
+
+
+SECTIONS: dict[str, type] = {
+    f.name: typing.get_type_hints(Settings)[f.name]
+    for f in dataclasses.fields(Settings)
+    if f.name != "source"
+}
+
+
+def _convert(value: Any, f: dataclasses.Field, hint: Any, where: str) -> Any:
+    meta = f.metadata
+    if meta.get("duration"):
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if seconds < meta.get("min", 0.0):
+            raise ConfigError(f"{where}: must be at least {meta['min']}s, got {value!r}")
+        return seconds
+    if "choices" in meta:
+        if value not in meta["choices"]:
+            raise ConfigError(
+                f"{where}: expected one of {', '.join(meta['choices'])}; got {value!r}"
+            )
+        return value
+    return _check_type(value, hint, where)
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check_type(value, option, where)
+            except ConfigError:
+                continue
+        names = " or ".join(_type_name(t) for t in typing.get_args(hint))
+        raise ConfigError(f"{where}: expected {names}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {_type_name(item)}, got {value!r}")
+        return [_check_type(v, item, where) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        _, item = typing.get_args(hint)
+        return {str(k): _check_type(v, item, f"{where}.{k}") for k, v in value.items()}
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and value == "all":
+        return value
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {_type_name(hint)}, got {value!r}")
+    return value
+
+
+def _type_name(t: Any) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        t, getattr(t, "__name__", str(t))
+    )
+
+
+def build_section(cls: type, raw: dict[str, Any], source: str, section: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {_file_key(f.name): f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"{source}: [{section}] {key}"
+        f = fields.get(key)
+        if f is None:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{where}: unknown key; known keys: {known}")
+        values[f.name] = _convert(value, f, hints[f.name], where)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: [{section}] {exc}") from None
+
+
+def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
+    sections: dict[str, Any] = {}
+    for name, raw in data.items():
+        if name not in SECTIONS:
+            known = ", ".join(sorted(SECTIONS))
+            raise ConfigError(f"{source}: [{name}]: unknown section; known sections: {known}")
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: {name}: expected a [{name}] table, got {raw!r}")
+        sections[name] = build_section(SECTIONS[name], raw, source, name)
+    return Settings(**sections, source=source)
+
+
+def _env_overrides(env: typing.Mapping[str, str], source: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, text in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(
+                f"{source}: environment {name}: expected {ENV_PREFIX}SECTION__KEY, e.g. "
+                f"{ENV_PREFIX}PROBE__INTERVAL=5s"
+            )
+        try:
+            value: Any = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        out.setdefault(parts[0], {})[parts[1]] = value
+    return out
+
+
+def resolve_path(cli_path: str | None, env: typing.Mapping[str, str]) -> tuple[Path, bool]:
+    """The config file to read and whether the user named it (a named file must exist)."""
+    if cli_path:
+        return Path(cli_path), True
+    if env.get(ENV_CONFIG):
+        return Path(env[ENV_CONFIG]), True
+    return DEFAULT_CONFIG_PATH, False
+
+
+def load_settings(
+    cli_path: str | None = None, env: typing.Mapping[str, str] | None = None
+) -> Settings:
+    env = os.environ if env is None else env
+    path, named = resolve_path(cli_path, env)
+    data: dict[str, Any] = {}
+    source = str(path)
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not valid TOML: {exc}; check quoting and brackets"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    elif named:
+        raise ConfigError(
+            f"{path}: no such file; write one with `llm-watchdog check-config --example > {path}`"
+        )
+    else:
+        source = f"{path} (absent; built-in defaults)"
+    for sec, values in _env_overrides(env, source).items():
+        if not isinstance(data.get(sec, {}), dict):
+            raise ConfigError(f"{source}: {sec}: expected a table")
+        data.setdefault(sec, {}).update(values)
+    return settings_from_dict(data, source)
+
+
+def example_config() -> str:
+    from watchdog.resources import package_file
+
+    return package_file("example-config.toml").read_text(encoding="utf-8")

@@ -1,0 +1,41 @@
+"""Logging set-up: journald-friendly lines under systemd, plain timestamped lines elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+# sd-daemon(3): a "<N>" prefix on a line written to stderr sets its journal priority.
+_SD_PRIORITY = {
+    logging.DEBUG: 7,
+    logging.INFO: 6,
+    logging.WARNING: 4,
+    logging.ERROR: 3,
+    logging.CRITICAL: 2,
+}
+
+
+class JournalFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = _SD_PRIORITY.get(record.levelno, 6)
+        return f"<{level}>{record.name}: {super().format(record)}"
+
+
+def setup_logging(level: str = "info", fmt: str = "auto") -> None:
+    if fmt == "auto":
+        # systemd sets JOURNAL_STREAM when stderr is connected to the journal.
+        fmt = "journal" if os.environ.get("JOURNAL_STREAM") else "text"
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "journal":
+        handler.setFormatter(JournalFormatter("%(message)s"))
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # apscheduler logs every job run at INFO; that is noise at a 1 s GPU interval.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,81 @@
+"""Listings for the CLI: a table on a terminal, JSON lines or CSV on request.
+
+Like sqlite-utils, one shared decorator gives every listing `--json` / `--csv`, so each
+command only builds its rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import functools
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
+
+import click
+
+
+def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @click.option("--json", "fmt", flag_value="json", help="One JSON object per line.")
+    @click.option("--csv", "fmt", flag_value="csv", help="CSV with a header row.")
+    @click.option("--table", "fmt", flag_value="table", help="An aligned table (default).")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, fmt: str | None = None, **kwargs: Any) -> Any:
+        return fn(*args, fmt=fmt or "table", **kwargs)
+
+    return wrapper
+
+
+def stamp(ts: float | None) -> str:
+    """Local wall time for a unix stamp, seconds precision."""
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.1f}" if abs(value) < 1e6 else f"{value:.0f}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def emit(
+    rows: Iterable[dict[str, Any]],
+    columns: Sequence[str],
+    fmt: str,
+    out: TextIO | None = None,
+    headers: dict[str, str] | None = None,
+) -> int:
+    """Print rows; return how many. Table columns are `columns`; JSON/CSV keep them too."""
+    out = out or sys.stdout
+    rows = list(rows)
+    if fmt == "json":
+        for row in rows:
+            out.write(json.dumps({c: row.get(c) for c in columns}, default=str) + "\n")
+    elif fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    else:
+        headers = headers or {}
+        head = [headers.get(c, c) for c in columns]
+        body = [[_cell(row.get(c)) for c in columns] for row in rows]
+        widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(head)]
+        out.write("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip() + "\n")
+        for r in body:
+            out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
+        if not rows:
+            out.write("(no rows)\n")
+    return len(rows)
