@@ -11,11 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
-_SOURCE_DIRS = {"probesets": ("probes",), "scenarios": ("data", "scenarios")}
+_SOURCE_DIRS = {
+    "probesets": ("probes",),
+    "scenarios": ("data", "scenarios"),
+    "systemd": ("systemd",),
+}
 
 
 def bundled_dir(kind: str) -> Path:
-    """Folder of bundled files of `kind` ("probesets" or "scenarios")."""
+    """Folder of bundled files of `kind` ("probesets", "scenarios" or "systemd")."""
     installed = _PACKAGE / kind
     if installed.is_dir():
         return installed

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tomllib
+from click.testing import CliRunner
+
+from watchdog.cli import cli
+from watchdog.install import plan_install
+
+
+def test_install_under_a_root_writes_unit_and_config(tmp_path):
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    unit = (tmp_path / "etc/systemd/system/llm-watchdog.service").read_text()
+    assert (
+        f"ExecStart={sys.executable} -m watchdog --config /etc/llm-watchdog/config.toml run" in unit
+    )
+    assert "RestartPreventExitStatus=78" in unit
+    assert "StateDirectory=llm-watchdog" in unit
+    config = tmp_path / "etc/llm-watchdog/config.toml"
+    assert "server" in tomllib.loads(config.read_text())
+    assert "systemctl" not in result.output  # a rooted install never touches the running system
+
+
+def test_install_keeps_an_existing_config(tmp_path):
+    config = tmp_path / "etc/llm-watchdog/config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[server]\nurl = "http://127.0.0.1:9999"\n')
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "kept existing" in result.output
+    assert "9999" in config.read_text()
+
+
+def test_user_unit_drops_system_only_settings(tmp_path):
+    plan = plan_install(tmp_path, user=True, home=Path("/home/ann"), start=True)
+    assert plan.unit_path == tmp_path / "home/ann/.config/systemd/user/llm-watchdog.service"
+    assert "DynamicUser" not in plan.unit_text
+    assert "WantedBy=default.target" in plan.unit_text
+    assert ["systemctl", "--user", "enable", "--now", "llm-watchdog.service"] in plan.commands
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 0
+    assert "ExecStart=" in result.output
+    assert not any(tmp_path.iterdir())

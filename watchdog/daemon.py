@@ -1,0 +1,322 @@
+"""The long-running watchdog: scheduler jobs that probe, sample the GPU and keep the store tidy.
+
+Wiring only. Measuring lives in `probe` and `gpu`, storing in `store`, judging in `drift`;
+this module decides when each runs and hands values between them.
+
+Shape after uvicorn's Server: `startup()` does the I/O that can fail early (database,
+NVML, engine identity), `serve()` runs the jobs until `should_exit` is set (by a signal
+handler that does nothing else), `shutdown()` stops within a bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from watchdog.config import Settings
+from watchdog.engine import EngineInfo, detect_engine, resolve_model
+from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
+from watchdog.gpu import NvmlReader
+from watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
+from watchdog.probe import ProbeOptions, Prober
+from watchdog.probeset import ProbeSet, load_probe_set
+from watchdog.procinfo import listening_process_cmdline
+from watchdog.store import Store
+
+log = logging.getLogger("watchdog.daemon")
+
+# Exit status when start-up fails (uvicorn uses 3 the same way): distinct from a crash (1)
+# and from a bad config (78), so systemd's RestartPreventExitStatus= can tell them apart.
+EXIT_STARTUP_FAILED = 3
+
+
+def probe_options(settings: Settings, engine: str | None) -> ProbeOptions:
+    p = settings.probe
+    return ProbeOptions(
+        connect_timeout_s=p.connect_timeout_s,
+        first_token_timeout_s=p.first_token_timeout_s,
+        total_timeout_s=p.total_timeout_s,
+        cache_mode=p.cache_mode,
+        api=settings.server.api,
+        seed=p.seed,
+        engine=engine,
+    )
+
+
+def server_port(url: str) -> int | None:
+    parts = urlsplit(url)
+    if parts.port:
+        return parts.port
+    return {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class Daemon:
+    """One watchdog over one server and the local GPUs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        nvml: Any | None = None,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+        on_probe: Callable[[ProbeResult, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.transport = transport
+        self.on_probe = on_probe
+        self.should_exit = threading.Event()
+        self.probe_set: ProbeSet = load_probe_set(settings.probe.probe_set)
+        self.api_key = settings.api_key()
+        gpu = settings.gpu
+        indices = None if gpu.indices == "all" else list(gpu.indices)
+        self.reader = NvmlReader(
+            nvml=nvml, indices=indices, call_timeout_s=gpu.call_timeout_s, clock=clock
+        )
+        self.gpu_enabled = gpu.enabled
+        self.engine = EngineInfo(engine="unknown", version="unknown", models=(), props={})
+        self.model: str | None = None if settings.server.model == "auto" else settings.server.model
+        self.fingerprint: Fingerprint | None = None
+        self.fingerprint_id: str | None = None
+        self.prober: Prober | None = None
+        self._next_prompt = 0
+        self._last_probe_ts: float | None = None
+        self._cold_pending = True  # the first probe after start is a cold start
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._busy_cv = threading.Condition()
+        self.scheduler: BackgroundScheduler | None = None
+
+    # ---- start-up -------------------------------------------------------------------------
+
+    def startup(self) -> None:
+        if self.gpu_enabled:
+            if not self.reader.start():
+                self.store.record_gpu_event(
+                    GpuEvent(
+                        ts=self.clock(),
+                        kind="nvml_unavailable",
+                        detail="no NVIDIA driver or NVML library: latency-only mode",
+                    )
+                )
+        self.refresh_identity()
+
+    def refresh_identity(self) -> None:
+        """Re-read what serves the probes; a change of identity is a cold start."""
+        s = self.settings.server
+        info = detect_engine(s.url, api_key=self.api_key, transport=self.transport)
+        if info.engine not in ("unreachable",):
+            self.engine = info
+        if s.model == "auto" and info.models:
+            self.model = info.models[0]
+        elif s.model == "auto" and self.model is None:
+            try:
+                self.model = resolve_model(s.url, self.api_key, self.transport)
+            except Exception as exc:  # unreachable now; the next refresh tries again
+                log.debug("model not resolved yet: %s", exc)
+        engine_hint = s.engine if s.engine != "auto" else self.engine.engine
+        with self._lock:
+            if self.prober is None or self.prober.options.engine != engine_hint:
+                old = self.prober
+                self.prober = Prober(
+                    s.url,
+                    self.model or "default",
+                    probe_options(self.settings, engine_hint),
+                    api_key=self.api_key,
+                    transport=self.transport,
+                )
+                if old is not None:
+                    old.close()
+            elif self.model and self.prober.model != self.model:
+                self.prober.model = self.model
+        self._record_fingerprint()
+
+    def _launch_command(self) -> str | list[str] | None:
+        configured = self.settings.server.launch_command
+        if configured != "auto":
+            return configured
+        port = server_port(self.settings.server.url)
+        host = urlsplit(self.settings.server.url).hostname or ""
+        if port is None or host not in ("127.0.0.1", "localhost", "::1"):
+            return None
+        return listening_process_cmdline(port)
+
+    def _record_fingerprint(self) -> None:
+        infos = self.reader.infos() if self.reader.available else []
+        first = infos[0] if infos else None
+        fp = build_fingerprint(
+            engine=self.engine.engine,
+            engine_version=self.engine.version,
+            model=self.model or "unknown",
+            launch_command=self._launch_command(),
+            driver_version=self.reader.driver_version() if self.reader.available else None,
+            gpu_name=first.name if first else None,
+            gpu_uuid=first.uuid if first else None,
+            probe_set_hash=self.probe_set.sha256,
+            config_hash=config_hash(self.settings.to_dict()),
+        )
+        if self.fingerprint is not None and fp.id != self.fingerprint.id:
+            changes = describe_change(self.fingerprint.key_fields(), fp)
+            log.warning("runtime changed: %s", "; ".join(changes) or fp.id)
+            self._cold_pending = True
+        self.fingerprint = fp
+        self.fingerprint_id = self.store.record_fingerprint(fp)
+
+    # ---- jobs -----------------------------------------------------------------------------
+
+    def probe_once(self) -> ProbeResult:
+        """Send the next prompt of the set and record what it measured."""
+        prompts = self.probe_set.prompts
+        prompt = prompts[self._next_prompt % len(prompts)]
+        self._next_prompt += 1
+        with self._lock:
+            prober = self.prober
+        assert prober is not None, "startup() first"
+        result = prober.probe(prompt, self.probe_set.name, now=self.clock)
+        cold = self._cold_pending
+        idle = self.settings.probe.cold_after_idle_s
+        if self._last_probe_ts is not None and result.ts - self._last_probe_ts > idle:
+            cold = True
+        if result.load_duration_ms and result.load_duration_ms > 1.0:
+            cold = True  # Ollama loaded the model for this request
+        if result.ok:
+            self._cold_pending = False
+            self._last_probe_ts = result.ts
+        result = replace(result, cold=cold)
+        self.store.record_probe(result, self.fingerprint_id)
+        if self.on_probe:
+            self.on_probe(result, self.store.last_gpu_samples())
+        return result
+
+    def sample_gpu(self) -> list[GpuSample]:
+        samples, events = self.reader.sample()
+        if samples:
+            self.store.record_gpu_samples(samples)
+        for ev in events:
+            log.warning("GPU telemetry: %s %s", ev.kind, ev.detail)
+            self.store.record_gpu_event(ev)
+        return samples
+
+    def rollup(self) -> None:
+        n = self.store.rollup(self.clock(), self.settings.storage.raw_retention_s)
+        if n:
+            log.debug("rolled up %d rows", n)
+
+    # ---- scheduling -----------------------------------------------------------------------
+
+    def _guarded(self, name: str, job: Callable[[], object]) -> Callable[[], None]:
+        """Run a job, counting it busy for shutdown, logging (never raising) a failure."""
+
+        def run() -> None:
+            if self.should_exit.is_set():
+                return
+            with self._busy_cv:
+                self._busy += 1
+            try:
+                job()
+            except Exception:
+                log.exception("%s job failed; it runs again at its next interval", name)
+            finally:
+                with self._busy_cv:
+                    self._busy -= 1
+                    self._busy_cv.notify_all()
+
+        return run
+
+    def start_jobs(self) -> None:
+        p, g = self.settings.probe, self.settings.gpu
+        sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(4)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
+            timezone="UTC",
+        )
+        # First probe right away (plus jitter) so a fresh start shows a number within seconds.
+        first = time.time() + random.uniform(0, min(p.jitter_s, p.interval_s))
+        sched.add_job(
+            self._guarded("probe", self.probe_once),
+            "interval",
+            seconds=p.interval_s,
+            jitter=p.jitter_s or None,
+            next_run_time=_utc(first),
+            id="probe",
+        )
+        if self.gpu_enabled and self.reader.available:
+            sched.add_job(
+                self._guarded("gpu", self.sample_gpu),
+                "interval",
+                seconds=g.interval_s,
+                next_run_time=_utc(time.time()),
+                id="gpu",
+            )
+        sched.add_job(
+            self._guarded("fingerprint", self.refresh_identity),
+            "interval",
+            seconds=p.fingerprint_interval_s,
+            id="fingerprint",
+        )
+        sched.add_job(
+            self._guarded("rollup", self.rollup),
+            "interval",
+            seconds=self.settings.storage.rollup_interval_s,
+            id="rollup",
+        )
+        sched.start()
+        self.scheduler = sched
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: object) -> None:
+            self.should_exit.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def serve(self) -> None:
+        self.start_jobs()
+        log.info(
+            "watching %s (model %s, engine %s %s); probe every %ss; database %s",
+            self.settings.server.url,
+            self.model or "auto",
+            self.engine.engine,
+            self.engine.version,
+            self.settings.probe.interval_s,
+            self.settings.storage.path,
+        )
+        while not self.should_exit.wait(0.5):
+            pass
+
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
+        """Stop the jobs; wait at most `timeout_s` for running ones. True if all finished."""
+        self.should_exit.set()
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        with self._lock:
+            prober = self.prober
+        deadline = time.monotonic() + timeout_s
+        with self._busy_cv:
+            while self._busy and time.monotonic() < deadline:
+                self._busy_cv.wait(deadline - time.monotonic())
+            clean = self._busy == 0
+        if prober is not None:
+            prober.close()
+        self.reader.stop()
+        return clean
+
+
+def _utc(ts: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
