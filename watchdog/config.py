@@ -85,7 +85,7 @@ class ProbeSettings:
 class GpuSettings:
     enabled: bool = True
     interval_s: float = _duration("1s", minimum_s=0.05)
-    indices: str | list[int] = "all"
+    indices: str | list[int] = field(default="all", metadata={"all_or_indices": True})
     call_timeout_s: float = _duration("2s", minimum_s=0.01)
 
 
@@ -170,6 +170,14 @@ def _convert(value: Any, f: dataclasses.Field, hint: Any, where: str) -> Any:
         if seconds < meta.get("min", 0.0):
             raise ConfigError(f"{where}: must be at least {meta['min']}s, got {value!r}")
         return seconds
+    if meta.get("all_or_indices"):
+        ok = value == "all" or (
+            isinstance(value, list)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        )
+        if not ok:
+            raise ConfigError(f'{where}: expected "all" or a list of GPU indices like [0, 1]')
+        return value
     if "choices" in meta:
         if value not in meta["choices"]:
             raise ConfigError(
@@ -203,8 +211,6 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if hint is str and value == "all":
-        return value
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: expected {_type_name(hint)}, got {value!r}")
     return value

@@ -1,0 +1,54 @@
+"""Alerts: rules over events, deduplicated and rate-limited, delivered to sinks.
+
+The daemon maps its events onto `AlertEvent` and hands them to an `AlertManager`; the
+configuration keys are documented in `watchdog.alerts.config`.
+"""
+
+from __future__ import annotations
+
+from watchdog.alerts.config import (
+    AlertConfig,
+    AlertConfigError,
+    alert_config_from_dict,
+    load_alerts,
+    sinks_from_config,
+)
+from watchdog.alerts.events import KINDS, SEVERITIES, AlertEvent
+from watchdog.alerts.manager import (
+    ALERTS_TABLE,
+    AlertLog,
+    AlertManager,
+    MemoryAlertLog,
+    SendResult,
+    send_test,
+)
+from watchdog.alerts.policy import AlertPolicy, AlertRules
+from watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink, Sink
+from watchdog.alerts.text import format_duration, format_ms
+from watchdog.alerts.webhook import WebhookSink
+
+__all__ = [
+    "ALERTS_TABLE",
+    "KINDS",
+    "SEVERITIES",
+    "AlertConfig",
+    "AlertConfigError",
+    "AlertEvent",
+    "AlertLog",
+    "AlertManager",
+    "AlertPolicy",
+    "AlertRules",
+    "CommandSink",
+    "DeliveryError",
+    "LogSink",
+    "MemoryAlertLog",
+    "SendResult",
+    "Sink",
+    "WebhookSink",
+    "alert_config_from_dict",
+    "format_duration",
+    "format_ms",
+    "load_alerts",
+    "send_test",
+    "sinks_from_config",
+]
