@@ -1,0 +1,133 @@
+"""What produced a number: assembling a Fingerprint, saying how two differ, hashing the config.
+
+Pure: the daemon gathers the facts (engine version over HTTP, driver from NVML, the launch
+command from `procinfo`) and passes them in. A baseline belongs to one fingerprint; when the
+fingerprint changes, `describe_change` says why in words for the "runtime changed:
+re-baselining" event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from watchdog.models import Fingerprint
+
+UNKNOWN = "unknown"
+
+# Key substrings that mark a secret (server.api_key_file, gateway.token, ...): never hashed,
+# so the hash can be logged and stored, and rotating a key is not a new fingerprint.
+SECRET_MARKERS = ("key", "token", "secret", "password")
+
+# Sections that cannot change a measured number: moving the database or raising the log
+# level must not throw away a baseline.
+IGNORED_SECTIONS = ("storage", "logging")
+
+_LABELS = {
+    "engine": "engine",
+    "engine_version": "engine version",
+    "model": "model",
+    "launch_command": "launch command",
+    "driver_version": "driver",
+    "gpu_name": "GPU",
+    "gpu_uuid": "GPU UUID",
+    "probe_set_hash": "probe set",
+    "config_hash": "config",
+}
+_SHOW_MAX = 80  # characters of each side shown for a long value (a launch command)
+
+
+def build_fingerprint(
+    engine: str | None,
+    engine_version: str | None,
+    model: str | None,
+    launch_command: str | list[str] | None,
+    driver_version: str | None,
+    gpu_name: str | None,
+    gpu_uuid: str | None,
+    probe_set_hash: str | None,
+    config_hash: str | None,
+    extra: Mapping[str, str] | None = None,
+) -> Fingerprint:
+    """A Fingerprint from what is known; None or empty becomes "unknown". A command given as
+    argv is joined with shlex.join, so it reads (and pastes) as a shell command."""
+    if isinstance(launch_command, (list, tuple)):
+        launch_command = shlex.join(launch_command) if launch_command else None
+    return Fingerprint(
+        engine=_known(engine),
+        engine_version=_known(engine_version),
+        model=_known(model),
+        launch_command=_known(launch_command),
+        driver_version=_known(driver_version),
+        gpu_name=_known(gpu_name),
+        gpu_uuid=_known(gpu_uuid),
+        probe_set_hash=_known(probe_set_hash),
+        config_hash=_known(config_hash),
+        extra=dict(extra or {}),
+    )
+
+
+def describe_change(old: Mapping[str, Any] | Fingerprint, new: Fingerprint) -> list[str]:
+    """One phrase per key field that differs, e.g. "model changed: qwen2.5-7b → llama3.1-8b".
+
+    `old` may be a Fingerprint or a dict as the store returns it (extra keys are ignored).
+    Hashes are shown short; long values are cut in the middle.
+    """
+    before = old.key_fields() if isinstance(old, Fingerprint) else old
+    after = new.key_fields()
+    out = []
+    for field, label in _LABELS.items():
+        a, b = str(before.get(field, UNKNOWN)), after[field]
+        if a != b:
+            if field.endswith("_hash"):
+                a, b = a[:12], b[:12]
+            out.append(f"{label} changed: {_short(a)} → {_short(b)}")
+    return out
+
+
+def config_hash(settings: Any, ignore: Iterable[str] = IGNORED_SECTIONS) -> str:
+    """A stable 16-hex-digit hash of the effective settings (a mapping of sections, or a
+    settings dataclass).
+
+    Keys containing "key", "token", "secret" or "password" (any case, any depth) are left
+    out, and so are the top-level sections in `ignore`. Key order does not matter; values
+    that JSON cannot carry (paths, durations objects) are hashed by their str().
+    """
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        settings = dataclasses.asdict(settings)
+    items: Mapping[str, Any] = settings
+    skip = set(ignore)
+    cleaned = {k: _scrub(v) for k, v in items.items() if k not in skip and not _secret(k)}
+    blob = json.dumps(cleaned, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _scrub(v) for k, v in value.items() if not _secret(str(k))}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _secret(key: str) -> bool:
+    k = key.lower()
+    return any(marker in k for marker in SECRET_MARKERS)
+
+
+def _known(value: str | None) -> str:
+    if value is None:
+        return UNKNOWN
+    value = str(value).strip()
+    return value or UNKNOWN
+
+
+def _short(text: str) -> str:
+    if len(text) <= _SHOW_MAX:
+        return text
+    half = (_SHOW_MAX - 1) // 2
+    return f"{text[:half]}…{text[-half:]}"

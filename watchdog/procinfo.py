@@ -1,0 +1,158 @@
+"""Which local process listens on a TCP port, and with what command line (Linux /proc).
+
+Used for the fingerprint's launch command in `auto` mode: the engine's own argv says which
+model file, context size and batch settings produced the numbers.
+
+How (proc(5)): `/proc/net/tcp` and `/proc/net/tcp6` list sockets with their local address,
+state (0A = LISTEN, include/net/tcp_states.h) and inode; `/proc/PID/fd/*` links read
+`socket:[INODE]`; `/proc/PID/cmdline` is argv separated by NUL bytes. Another user's fds are
+unreadable without privileges, so a server run by another user gives None, as do a machine
+without /proc and a port nobody listens on. Nothing here raises for those.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+from pathlib import Path
+
+_LISTEN = "0A"
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def listening_process_cmdline(
+    port: int, host: str = "127.0.0.1", proc: str | Path = "/proc"
+) -> list[str] | None:
+    """argv of the local process listening on `host`:`port`, or None when it cannot be told.
+
+    A listener on the wildcard address (0.0.0.0, ::) counts when `host` is one of this
+    machine's addresses. When several processes share the socket (a server that forks
+    workers), the lowest PID, usually the parent, is taken.
+    """
+    proc = Path(proc)
+    targets = _addresses(host)
+    if not targets:
+        return None
+    inodes = set()
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        for addr, lport, inode in _listeners(proc / "net" / name, width):
+            if lport == port and _matches(addr, targets):
+                inodes.add(inode)
+    inodes.discard(0)
+    if not inodes:
+        return None
+    pid = _owner(proc, inodes)
+    if pid is None:
+        return None
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    argv = [a.decode(errors="replace") for a in raw.split(b"\0")]
+    if argv and argv[-1] == "":
+        argv.pop()
+    return argv or None
+
+
+def _listeners(table: Path, width: int) -> list[tuple[IPAddress, int, int]]:
+    """(local address, port, inode) of every LISTEN socket in a /proc/net/tcp* table."""
+    try:
+        lines = table.read_text().splitlines()[1:]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 10 or cols[3] != _LISTEN:
+            continue
+        hex_addr, _, hex_port = cols[1].partition(":")
+        try:
+            addr = _parse_addr(hex_addr, width)
+            out.append((addr, int(hex_port, 16), int(cols[9])))
+        except ValueError:
+            continue
+    return out
+
+
+def _parse_addr(hex_addr: str, width: int) -> IPAddress:
+    """The kernel prints the address as 32-bit words in host byte order (`%08X` of a
+    __be32 read as a native int, net/ipv4/tcp_ipv4.c, net/ipv6/tcp_ipv6.c)."""
+    if len(hex_addr) != width:
+        raise ValueError(hex_addr)
+    words = [int(hex_addr[i : i + 8], 16) for i in range(0, width, 8)]
+    packed = struct.pack(f"={len(words)}I", *words)
+    if width == 8:
+        return ipaddress.IPv4Address(packed)
+    v6 = ipaddress.IPv6Address(packed)
+    return v6.ipv4_mapped or v6
+
+
+def _addresses(host: str) -> set[IPAddress]:
+    """The addresses `host` stands for (a literal, "localhost", or a name)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+    try:
+        return {ipaddress.ip_address(host)}
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    out: set[IPAddress] = set()
+    for info in infos:
+        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+            addr = addr.ipv4_mapped
+        out.add(addr)
+    return out
+
+
+def _matches(listen: IPAddress, targets: set[IPAddress]) -> bool:
+    if listen in targets:
+        return True
+    if not listen.is_unspecified:
+        return False
+    # A wildcard listener serves every local address of its family; "::" also serves IPv4
+    # unless the socket is IPV6_V6ONLY, which /proc does not show (the default is dual-stack,
+    # net.ipv6.bindv6only = 0).
+    return any(
+        _is_local(t) and (t.version == listen.version or listen.version == 6) for t in targets
+    )
+
+
+def _is_local(addr: IPAddress) -> bool:
+    """Whether the address belongs to this machine: binding to it succeeds only if it does."""
+    if addr.is_loopback:
+        return True
+    family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((str(addr), 0))
+        return True
+    except OSError:
+        return False
+
+
+def _owner(proc: Path, inodes: set[int]) -> int | None:
+    wanted = {f"socket:[{i}]" for i in inodes}
+    try:
+        pids = sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
+    except OSError:
+        return None
+    for pid in pids:
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # another user's process, or gone
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir / fd) in wanted:
+                    return pid
+            except OSError:
+                continue
+    return None
