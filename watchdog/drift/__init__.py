@@ -1,0 +1,42 @@
+"""Drift: baselines, cold starts, a detector that names its cause, the quality gate, replay.
+
+Pure logic: observations and their timestamps in, events out. See `monitor.DriftMonitor`.
+"""
+
+from watchdog.drift.baseline import BaselineLearner, baseline_from_observations
+from watchdog.drift.cold import ColdVerdict, classify_cold
+from watchdog.drift.monitor import DriftMonitor, MonitorState
+from watchdog.drift.replay import ReplayError, events_to_jsonl, parse_trace, replay_file
+from watchdog.drift.values import (
+    BASELINE_INVALIDATED,
+    CAUSES,
+    CHANGES,
+    KINDS,
+    Baseline,
+    DriftConfig,
+    DriftEvent,
+    Observation,
+    observation_from,
+)
+
+__all__ = [
+    "BASELINE_INVALIDATED",
+    "CAUSES",
+    "CHANGES",
+    "KINDS",
+    "Baseline",
+    "BaselineLearner",
+    "ColdVerdict",
+    "DriftConfig",
+    "DriftEvent",
+    "DriftMonitor",
+    "MonitorState",
+    "Observation",
+    "ReplayError",
+    "baseline_from_observations",
+    "classify_cold",
+    "events_to_jsonl",
+    "observation_from",
+    "parse_trace",
+    "replay_file",
+]

@@ -1,0 +1,202 @@
+"""Why chat slowed: heat, the power cap, batch load, or unknown, with the evidence behind it.
+
+Read from the last few minutes of observations (`cause_window`), against the baseline:
+
+- thermal / power: throttle reason bits set in most recent samples, or the SM clock at least
+  10 % under the baseline clock. Bits come late on a slow heat soak: GPU Boost lowers the
+  clock bin by bin as the die warms long before SwThermalSlowdown is raised, so falling
+  clocks with a rising (or already high) temperature are called thermal without any bit.
+- load: more batch requests in flight than at baseline while clocks hold steady; then it is
+  the batch sharing the GPU, not the GPU slowing down.
+- unknown: none of those. Said plainly rather than guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from watchdog import stats, throttle
+from watchdog.drift.baseline import busy_clock
+from watchdog.drift.values import Baseline, DriftConfig, Observation
+
+# NVML's own spelling, for text a person reads next to `nvidia-smi -q -d PERFORMANCE`.
+REASON_LABELS = {
+    throttle.SW_THERMAL_SLOWDOWN: "SwThermalSlowdown",
+    throttle.HW_THERMAL_SLOWDOWN: "HwThermalSlowdown",
+    throttle.HW_SLOWDOWN: "HwSlowdown",
+    throttle.SW_POWER_CAP: "SwPowerCap",
+    throttle.HW_POWER_BRAKE_SLOWDOWN: "HwPowerBrakeSlowdown",
+}
+# A temperature within this many degrees of the slowdown threshold counts as "hot" even when
+# it has stopped rising: a throttled GPU sits on its threshold with a slope near zero.
+HOT_MARGIN_C = 5.0
+# Power within this share of the enforced limit counts as "at the cap" (NVML's power reading
+# averages over ~1 s and hovers just under the limit when capped).
+AT_CAP_SHARE = 0.95
+# A clock drop smaller than `clock_drop_cause` still names the cause when it explains at least
+# this share of the TTFT rise in log terms, and is more than clock-bin jitter (15 MHz bins).
+EXPLAINED_SHARE = 0.5
+MIN_EXPLAINING_DROP = 0.03
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return stats.median(values) if values else None
+
+
+class TelemetryWindow:
+    """The last `size` observations' GPU state, and how long each throttle bit has been on."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._obs: deque[Observation] = deque(maxlen=size)
+        self._since: dict[int, float] = {}  # bit -> ts it came on (continuously on since)
+        self.last: Observation | None = None
+
+    def add(self, obs: Observation) -> None:
+        self._obs.append(obs)
+        self.last = obs
+        mask = obs.throttle_reasons
+        if mask is None:  # no telemetry this time: neither on nor off
+            return
+        for bit in REASON_LABELS:
+            if mask & bit:
+                self._since.setdefault(bit, obs.ts)
+            else:
+                self._since.pop(bit, None)
+
+    def recent(self, n: int) -> list[Observation]:
+        """The latest `n` observations, oldest first."""
+        return list(self._obs)[-n:]
+
+    def bits_on_for_s(self, now: float) -> dict[int, float]:
+        """Throttle bits on right now -> seconds they have been on without a break."""
+        return {bit: now - since for bit, since in self._since.items()}
+
+    def clock_ratio(self, baseline: Baseline | None, last_n: int | None = None) -> float | None:
+        """Median busy SM clock of the last `last_n` observations over the baseline clock."""
+        obs = self.recent(last_n) if last_n else list(self._obs)
+        ref = baseline.sm_clock_mhz if baseline else None
+        if ref is None:  # baseline taken at idle clocks only: compare to the boost maximum
+            ref = _median([o.sm_clock_max_mhz for o in obs if o.sm_clock_max_mhz])
+        clocks = [c for c in (busy_clock(o) for o in obs) if c is not None]
+        if not ref or not clocks:
+            return None
+        return stats.median(clocks) / ref
+
+    def evidence(
+        self,
+        baseline: Baseline | None,
+        *,
+        now: float,
+        temp_slope_c_per_min: float | None,
+        temp_slowdown_c: float | None,
+        last_n: int | None = None,
+    ) -> dict[str, Any]:
+        """Figures behind a cause, over the last `last_n` observations (all when None).
+
+        The monitor passes the observations since the detector's estimate of the shift's
+        onset (at least a few): bits that came on with the shift are then "most" samples even
+        when the alarm follows the shift within a few probes.
+        """
+        obs = self.recent(last_n) if last_n else list(self._obs)
+        with_bits = [o.throttle_reasons for o in obs if o.throttle_reasons is not None]
+        n_bits = len(with_bits)
+        thermal = sum(1 for m in with_bits if throttle.is_thermal(m))
+        power = sum(1 for m in with_bits if throttle.is_power(m))
+        last = self.last
+        temp = last.gpu_temp_c if last else None
+        eta = None
+        if temp is not None and temp_slowdown_c is not None:
+            if temp >= temp_slowdown_c:
+                eta = 0.0
+            elif temp_slope_c_per_min and temp_slope_c_per_min > 0:
+                eta = (temp_slowdown_c - temp) / temp_slope_c_per_min * 60.0
+        ratio = self.clock_ratio(baseline, last_n)
+        warm = [o.ttft_ms for o in obs if o.usable_ttft and not o.cold and o.ttft_ms]
+        ttft_ratio = (
+            stats.median(warm) / baseline.ttft_p50_ms if warm and baseline is not None else None
+        )
+        inflight = [o.batch_inflight for o in obs if o.batch_inflight is not None]
+        powers = [o.power_w for o in obs if o.power_w is not None]
+        return {
+            "window_probes": len(obs),
+            "ttft_ratio": ttft_ratio,
+            "thermal_bits_share": thermal / n_bits if n_bits else None,
+            "power_bits_share": power / n_bits if n_bits else None,
+            "reasons_on_s": {
+                throttle.REASON_NAMES[bit]: round(s, 1)
+                for bit, s in sorted(self.bits_on_for_s(now).items())
+            },
+            "sm_clock_mhz": _median([c for c in (busy_clock(o) for o in obs) if c is not None]),
+            "sm_clock_max_mhz": last.sm_clock_max_mhz if last else None,
+            "baseline_sm_clock_mhz": baseline.sm_clock_mhz if baseline else None,
+            "sm_clock_ratio": ratio,
+            "gpu_temp_c": temp,
+            "baseline_temp_c": baseline.temp_c if baseline else None,
+            "temp_slowdown_c": temp_slowdown_c,
+            "temp_slope_c_per_min": temp_slope_c_per_min,
+            "time_to_slowdown_s": eta,
+            "batch_inflight": _median(inflight),
+            "baseline_batch_inflight": baseline.batch_inflight if baseline else None,
+            "batch_allowance": last.batch_allowance if last else None,
+            "power_w": _median(powers),
+            "power_limit_w": last.power_limit_w if last else None,
+        }
+
+
+def attribute(ev: dict[str, Any], config: DriftConfig) -> str:
+    """The cause named by an evidence dict from `TelemetryWindow.evidence`."""
+    thermal_share = ev["thermal_bits_share"] or 0.0
+    power_share = ev["power_bits_share"] or 0.0
+    bits = max(thermal_share, power_share) >= config.bits_share_cause
+    ratio, ttft_ratio = ev["sm_clock_ratio"], ev["ttft_ratio"]
+    clock_down = ratio is not None and (
+        ratio <= 1.0 - config.clock_drop_cause
+        # Or a smaller drop that accounts for most of the TTFT rise (prefill time scales
+        # with 1/clock): an early alarm on a ramp sees the clock part-way down.
+        or (
+            ratio <= 1.0 - MIN_EXPLAINING_DROP
+            and ttft_ratio is not None
+            and ttft_ratio > 1.0
+            and math.log(1.0 / ratio) >= EXPLAINED_SHARE * math.log(ttft_ratio)
+        )
+    )
+    temp, slope, slowdown = ev["gpu_temp_c"], ev["temp_slope_c_per_min"], ev["temp_slowdown_c"]
+    base_temp = ev["baseline_temp_c"]
+    hot = temp is not None and (
+        (slope is not None and slope >= config.temp_rising_c_per_min)
+        or (slowdown is not None and temp >= slowdown - HOT_MARGIN_C)
+        or (base_temp is not None and temp >= base_temp + 2 * HOT_MARGIN_C)
+    )
+    power_w, limit_w = ev["power_w"], ev["power_limit_w"]
+    at_cap = power_w is not None and bool(limit_w) and power_w >= AT_CAP_SHARE * limit_w
+    inflight, base_inflight = ev["batch_inflight"], ev["baseline_batch_inflight"]
+    load_up = inflight is not None and inflight >= max(
+        (base_inflight or 0.0) * config.load_inflight_ratio, (base_inflight or 0.0) + 1.0
+    )
+    if clock_down or (bits and not load_up):
+        if bits:
+            return "thermal" if thermal_share >= power_share else "power"
+        if hot:
+            return "thermal"
+        if at_cap:
+            return "power"
+        return "unknown"
+    if load_up:
+        return "load"
+    return "unknown"
+
+
+def longest_reason(ev: dict[str, Any], cause: str) -> tuple[str, float] | None:
+    """The NVML label and duration of the longest-running throttle bit matching `cause`."""
+    mask = throttle.THERMAL_MASK if cause == "thermal" else throttle.POWER_MASK
+    best: tuple[str, float] | None = None
+    names = {throttle.REASON_NAMES[b]: b for b in REASON_LABELS}
+    for name, seconds in ev.get("reasons_on_s", {}).items():
+        bit = names.get(name)
+        if bit is not None and bit & mask and (best is None or seconds > best[1]):
+            best = (REASON_LABELS[bit], seconds)
+    return best

@@ -1,0 +1,116 @@
+"""One line for a person per drift event, built from the event's figures.
+
+    Chat slowed under heat: p95 TTFT 1.9 s vs 0.8 s baseline; GPU 86 °C, SM 1450/1980 MHz,
+    SwThermalSlowdown for 7 min
+
+Unknown figures are left out rather than printed as "None".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from watchdog.drift.cause import longest_reason
+
+HEADLINES = {
+    "thermal": "Chat slowed under heat",
+    "power": "Chat slowed at the power cap",
+    "load": "Chat slowed under batch load",
+    "unknown": "Chat slowed, cause unknown",
+}
+
+
+def fmt_ms(ms: float | None, scale_of: float | None = None) -> str:
+    """ "850 ms", "1.9 s", "12 s"; the unit follows the larger of ms and scale_of."""
+    if ms is None:
+        return "?"
+    scale = max(ms, scale_of or 0.0)
+    if scale < 1000:
+        return f"{ms:.0f} ms"
+    return f"{ms / 1000:.1f} s" if scale < 10_000 else f"{ms / 1000:.0f} s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """ "40 s", "7 min", "2 h 5 min"."""
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    minutes = round(s / 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def _gpu_part(ev: dict[str, Any], cause: str) -> list[str]:
+    parts: list[str] = []
+    temp = ev.get("gpu_temp_c")
+    if temp is not None:
+        text = f"GPU {temp:.0f} °C"
+        slope = ev.get("temp_slope_c_per_min")
+        if cause == "thermal" and slope is not None and slope >= 0.2:
+            text += f" rising {slope:.1f} °C/min"
+        parts.append(text)
+    if cause == "power" and ev.get("power_w") is not None and ev.get("power_limit_w"):
+        parts.append(f"{ev['power_w']:.0f}/{ev['power_limit_w']:.0f} W")
+    clock, ceiling = ev.get("sm_clock_mhz"), ev.get("sm_clock_max_mhz")
+    if clock is not None:
+        ref = ceiling or ev.get("baseline_sm_clock_mhz")
+        parts.append(f"SM {clock:.0f}/{ref:.0f} MHz" if ref else f"SM {clock:.0f} MHz")
+    reason = longest_reason(ev, cause) if cause in ("thermal", "power") else None
+    if reason:  # a bit that just came on gets no duration ("for 0 s" reads like a bug)
+        on_for = f" for {fmt_duration(reason[1])}" if reason[1] >= 30 else ""
+        parts.append(reason[0] + on_for)
+    elif cause == "thermal" and ev.get("sm_clock_ratio") is not None:
+        parts.append(f"clock {100 * (1 - ev['sm_clock_ratio']):.0f} % under baseline, no bit yet")
+    return parts
+
+
+def latency_message(
+    cause: str, p95_ms: float | None, baseline_p95_ms: float | None, ev: dict[str, Any]
+) -> str:
+    head = HEADLINES.get(cause, HEADLINES["unknown"])
+    line = (
+        f"{head}: p95 TTFT {fmt_ms(p95_ms, baseline_p95_ms)} vs "
+        f"{fmt_ms(baseline_p95_ms, p95_ms)} baseline"
+    )
+    parts = _gpu_part(ev, cause)
+    if cause == "load":
+        inflight, base = ev.get("batch_inflight"), ev.get("baseline_batch_inflight")
+        if inflight is not None:
+            parts = [f"batch in flight {inflight:g} vs {base or 0:g} at baseline"]
+        if ev.get("sm_clock_mhz") is not None:
+            parts.append(f"SM {ev['sm_clock_mhz']:.0f} MHz steady")
+    return line + ("; " + ", ".join(parts) if parts else "")
+
+
+def closed_message(duration_s: float, opened_message: str) -> str:
+    return f"Resolved after {fmt_duration(duration_s)}: {opened_message}"
+
+
+def heat_message(ev: dict[str, Any]) -> str:
+    temp, slope = ev.get("gpu_temp_c"), ev.get("temp_slope_c_per_min")
+    limit, eta = ev.get("temp_slowdown_c"), ev.get("time_to_slowdown_s")
+    rise = f" rising {slope:.1f} °C/min" if slope else ""
+    when = "now" if eta == 0 else f"in ~{fmt_duration(eta)}" if eta is not None else "soon"
+    return (
+        f"GPU heating toward thermal slowdown: {temp:.0f} °C{rise}, slowdown at {limit:.0f} °C "
+        f"{when}; chat not slowed yet"
+    )
+
+
+def quality_message(fails: int, window: int, base_rate: float) -> str:
+    return (
+        f"Quality gate failing: {fails} of the last {window} answers missed their expectation "
+        f"(baseline {100 * base_rate:.1f} %)"
+    )
+
+
+def failing_message(fails: int, window: int, consecutive: int) -> str:
+    return (
+        f"Canary probes failing: {fails} of the last {window} failed, "
+        f"{consecutive} in a row; chat may be down"
+    )
+
+
+def cold_message(ttft_ms: float, limit_ms: float) -> str:
+    return f"Cold start slow: first token after {fmt_ms(ttft_ms)} (limit {fmt_ms(limit_ms)})"

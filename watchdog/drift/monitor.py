@@ -1,0 +1,438 @@
+"""DriftMonitor: one probe observation in, the drift events it opens, updates or closes out.
+
+Pure and deterministic: time comes only from `Observation.ts`, nothing is read from a clock,
+a socket or a database. The daemon, `replay` and the heat lab run this same class, so a
+recorded trace replays to the same events the daemon raised.
+
+Per observation, in this order: telemetry window and heat trend; failed-probe watch; cold
+start check (cold probes stop here); baseline learning or the latency detector; quality gate;
+heat early warning. Events come back in that order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog import stats, throttle
+from watchdog.drift import heat, messages, watchers
+from watchdog.drift.baseline import BaselineLearner, busy_clock
+from watchdog.drift.cause import TelemetryWindow, attribute
+from watchdog.drift.detector import ALARM, END, LatencyDetector
+from watchdog.drift.events import EventBook, snapshot
+from watchdog.drift.values import (
+    BASELINE_INVALIDATED,
+    Baseline,
+    DriftConfig,
+    DriftEvent,
+    Observation,
+)
+
+# The cause of an open event changes only after the new one has held for this many
+# consecutive probes, so one odd reading does not flip "thermal" to "load" and back.
+CAUSE_CHANGE_PROBES = 3
+# An open event is re-reported when its p95 has grown by this factor since last reported.
+PEAK_REPORT_STEP = 1.1
+# Busy SM clocks (the latest few) that decide whether telemetry assists the detector: fewer
+# than the cause window so a step in clocks is seen within a few probes.
+ASSIST_CLOCKS = 5
+MIN_EVIDENCE_PROBES = 5
+# Clocks within this share of the baseline clock count as recovered (two to three 15 MHz
+# boost bins near 2 GHz).
+RECOVERED_DROP = 0.02
+
+
+@dataclass(frozen=True)
+class MonitorState:
+    """What the monitor knows right now, for `/status` and `llm-watchdog status`."""
+
+    fingerprint_id: str
+    baseline: Baseline | None
+    learning: tuple[int, int]  # (clean probes so far, needed) while no baseline
+    probes: int
+    warm_probes: int
+    cold_probes: int
+    failed_probes: int
+    recent_p95_ms: float | None
+    detector: dict[str, float] | None
+    temp_slope_c_per_min: float | None
+    quality_window_failures: int
+    quality_window_size: int
+    quality_base_rate: float
+    quality_flips: int
+    open_events: list[DriftEvent] = field(default_factory=list)
+
+
+class DriftMonitor:
+    def __init__(
+        self,
+        config: DriftConfig | None = None,
+        *,
+        fingerprint_id: str = "unknown",
+        baseline: Baseline | None = None,
+    ) -> None:
+        self.config = config or DriftConfig()
+        self.fingerprint_id = fingerprint_id
+        self._telemetry = TelemetryWindow(self.config.cause_window)
+        self._heat = heat.HeatWatch(self.config)
+        self._quality = watchers.QualityWatch(self.config)
+        self._failures = watchers.FailureWatch(self.config)
+        self._recent: deque[float] = deque(maxlen=self.config.p95_window)
+        self._book = EventBook()
+        self._open = self._book.open  # kind -> the open event of that kind
+        self._last_ts: float | None = None
+        self._slowdown_c = self.config.temp_slowdown_c
+        self._onset_ts: float | None = None  # last probe with the CUSUM at zero
+        self._onset_n = 0  # observation count at that probe
+        self._counts = {"probes": 0, "warm": 0, "cold": 0, "failed": 0}
+        self._baseline: Baseline | None = None
+        self._detector: LatencyDetector | None = None
+        self._new_baseline: Baseline | None = None
+        self._learner = BaselineLearner(self.config, fingerprint_id)
+        if baseline is not None:
+            self.load_baseline(baseline)
+
+    # -- baseline -------------------------------------------------------------------------
+
+    @property
+    def baseline(self) -> Baseline | None:
+        return self._baseline
+
+    def pop_new_baseline(self) -> Baseline | None:
+        """A baseline learned since the last call (for the daemon to store), once."""
+        b, self._new_baseline = self._new_baseline, None
+        return b
+
+    def load_baseline(self, baseline: Baseline, ts: float | None = None) -> list[DriftEvent]:
+        """Use an explicit baseline (captured, or stored by an earlier run) from now on.
+
+        An open latency event was judged against the old one and is closed at `ts`.
+        """
+        events = self._close_latency(ts, "baseline replaced")
+        self._baseline = baseline
+        self._detector = LatencyDetector(baseline, self.config)
+        self._quality.freeze(baseline.quality_fail_rate)
+        return events
+
+    def reset_baseline(self, ts: float) -> list[DriftEvent]:
+        """Forget the baseline and learn a new one from the next warm probes."""
+        events = self._close_latency(ts, "baseline reset")
+        if "quality" in self._open:  # judged against the old runtime's failure rate
+            self._open["quality"].evidence["ended_because"] = "baseline reset"
+            events.append(self._book.close("quality", ts))
+        self._baseline = None
+        self._detector = None
+        self._learner = BaselineLearner(self.config, self.fingerprint_id)
+        self._quality = watchers.QualityWatch(self.config)
+        return events
+
+    def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
+        """The runtime changed (model, engine, driver, launch command): re-baseline.
+
+        Returns a `baseline_invalidated` instant event when there was a baseline to invalidate,
+        after closing an open latency event: the old baseline no longer speaks for the new
+        runtime, and mixing the two would be silent nonsense.
+        """
+        if fingerprint_id == self.fingerprint_id:
+            return []
+        old, had = self.fingerprint_id, self._baseline
+        self.fingerprint_id = fingerprint_id
+        events = self.reset_baseline(ts)
+        if had is not None:
+            events.append(
+                self._book.instant(
+                    BASELINE_INVALIDATED,
+                    ts,
+                    evidence={"old_fingerprint_id": old, "new_fingerprint_id": fingerprint_id},
+                    message=f"Runtime changed: re-baselining ({old} -> {fingerprint_id})",
+                    baseline_p95_ms=had.ttft_p95_ms,
+                )
+            )
+        return events
+
+    # -- the main step --------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> list[DriftEvent]:
+        """Take one probe observation; return the events it opened, updated or closed."""
+        if self._last_ts is not None and obs.ts < self._last_ts:
+            raise ValueError(
+                f"observation at ts {obs.ts} is older than the previous one ({self._last_ts}); "
+                "observations must come in time order"
+            )
+        self._last_ts = obs.ts
+        self._counts["probes"] += 1
+        if obs.temp_slowdown_c is not None:
+            self._slowdown_c = obs.temp_slowdown_c
+        self._telemetry.add(obs)
+        self._heat.add(obs.ts, obs.gpu_temp_c)
+        events: list[DriftEvent] = []
+
+        ok = obs.usable_ttft
+        if not ok:
+            self._counts["failed"] += 1
+        change = self._failures.update(ok)
+        if change == watchers.OPEN:
+            events.append(self._open_failing(obs))
+        elif change == watchers.CLOSE:
+            events.append(self._book.close("probes_failing", obs.ts))
+
+        if obs.cold:
+            self._counts["cold"] += 1
+            if ok and obs.ttft_ms is not None and obs.ttft_ms > self.config.cold_start_limit_ms:
+                events.append(self._cold_slow(obs))
+            return events
+
+        if ok and obs.ttft_ms is not None:
+            self._counts["warm"] += 1
+            self._recent.append(obs.ttft_ms)
+            events.extend(self._latency(obs, obs.ttft_ms))
+
+        if obs.ok and obs.quality_pass is not None:
+            change = self._quality.update(obs.ts, obs.quality_pass)
+            if change == watchers.OPEN:
+                events.append(self._open_quality(obs))
+            elif change == watchers.CLOSE:
+                events.append(self._book.close("quality", obs.ts))
+
+        latency = self._open.get("latency")
+        change = self._heat.update(
+            obs.gpu_temp_c,
+            self._slowdown_c,
+            chat_slowed=latency is not None,
+            slowed_by_heat=latency is not None and latency.cause == "thermal",
+        )
+        if change == heat.OPEN:
+            events.append(self._open_heat(obs))
+        elif change == heat.CLOSE:
+            events.append(self._book.close("heat_warning", obs.ts))
+        return events
+
+    # -- latency --------------------------------------------------------------------------
+
+    def _latency(self, obs: Observation, ttft_ms: float) -> list[DriftEvent]:
+        if self._detector is None:
+            learned = self._learner.add(obs)
+            if learned is not None:
+                self._baseline = learned
+                self._new_baseline = learned
+                self._detector = LatencyDetector(learned, self.config)
+                self._quality.freeze(None)
+            return []
+        det = self._detector
+        rec = self._open.get("latency")
+        result = det.update(
+            ttft_ms,
+            assisted=self._clocks_down(),
+            cause_gone=rec is not None and self._cause_gone(rec.cause),
+        )
+        if det.s == 0.0 and not det.in_event:
+            self._onset_ts = obs.ts
+            self._onset_n = self._counts["probes"]
+        if result == ALARM:
+            return [self._open_latency(obs)]
+        if result == END:
+            return self._close_latency(obs.ts, None)
+        if det.in_event:
+            return self._update_latency(obs)
+        return []
+
+    def _clocks_down(self) -> bool:
+        """Telemetry says the GPU got slower: the latest busy SM clocks well under baseline."""
+        if not self.config.telemetry_assist or self._baseline is None:
+            return False
+        ref = self._baseline.sm_clock_mhz
+        if not ref:
+            return False
+        clocks = [c for c in (busy_clock(o) for o in self._telemetry.recent(ASSIST_CLOCKS)) if c]
+        if len(clocks) < 3:
+            return False
+        return stats.median(clocks) <= (1.0 - self.config.assist_clock_drop) * ref
+
+    def _base_p95(self) -> float | None:
+        return self._baseline.ttft_p95_ms if self._baseline else None
+
+    def _cause_gone(self, cause: str) -> bool:
+        """Telemetry back to its baseline state for the event's cause (see detector)."""
+        b = self._baseline
+        recent = self._telemetry.recent(ASSIST_CLOCKS)
+        if b is None or len(recent) < 3 or cause == "unknown":
+            return False
+        if cause == "load":
+            inflight = [o.batch_inflight for o in recent if o.batch_inflight is not None]
+            base = b.batch_inflight or 0.0
+            return bool(inflight) and stats.median(inflight) <= max(1.25 * base, base + 0.5)
+        if any(throttle.is_throttled(o.throttle_reasons) for o in recent):
+            return False
+        clocks = [c for c in (busy_clock(o) for o in recent) if c]
+        ref = b.sm_clock_mhz
+        if not clocks or not ref:
+            return False
+        return stats.median(clocks) >= (1.0 - RECOVERED_DROP) * ref
+
+    def _p95(self) -> float | None:
+        return stats.quantile(self._recent, 0.95) if self._recent else None
+
+    def _evidence(self, obs: Observation) -> dict[str, Any]:
+        # The observations since the CUSUM last stood at zero (its change-point estimate),
+        # at least MIN_EVIDENCE_PROBES, at most the cause window.
+        since = self._counts["probes"] - self._onset_n
+        n = min(max(since, MIN_EVIDENCE_PROBES), self.config.cause_window)
+        return self._telemetry.evidence(
+            self._baseline,
+            now=obs.ts,
+            temp_slope_c_per_min=self._heat.slope_c_per_min(),
+            temp_slowdown_c=self._slowdown_c,
+            last_n=n,
+        )
+
+    def _open_latency(self, obs: Observation) -> DriftEvent:
+        ev = self._evidence(obs)
+        cause = attribute(ev, self.config)
+        p95 = self._p95()
+        b = self._baseline
+        assert b is not None and self._detector is not None
+        ev["cause_at_open"] = cause
+        ev["onset_ts"] = self._onset_ts
+        ev["p95_ms"] = p95
+        ev["assisted"] = self._clocks_down()
+        rec = self._book.new("latency", obs.ts, cause, b.ttft_p95_ms, p95, ev)
+        rec.message = messages.latency_message(cause, p95, b.ttft_p95_ms, ev)
+        rec.reported_peak = p95
+        return snapshot(rec, "opened", obs.ts)
+
+    def _update_latency(self, obs: Observation) -> list[DriftEvent]:
+        rec = self._open["latency"]
+        ev = self._evidence(obs)
+        candidate = attribute(ev, self.config)
+        changed = False
+        if candidate != rec.cause and candidate != "unknown":
+            rec.candidate_n = rec.candidate_n + 1 if candidate == rec.candidate else 1
+            rec.candidate = candidate
+            if rec.cause == "unknown" or rec.candidate_n >= CAUSE_CHANGE_PROBES:
+                rec.cause, changed = candidate, True
+        else:
+            rec.candidate, rec.candidate_n = None, 0
+        p95 = self._p95()
+        grew = p95 is not None and (rec.peak_p95_ms is None or p95 > rec.peak_p95_ms)
+        if grew:
+            rec.peak_p95_ms = p95
+        if grew or changed:
+            # Evidence is kept from the worst moment (or the moment the cause changed), not
+            # from the recovery at the end when clocks are already back.
+            ev["cause_at_open"] = rec.evidence.get("cause_at_open")
+            ev["onset_ts"] = rec.evidence.get("onset_ts")
+            ev["p95_ms"] = p95
+            rec.evidence = ev
+            rec.message = messages.latency_message(
+                rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev
+            )
+        big = (
+            rec.peak_p95_ms is not None
+            and rec.reported_peak is not None
+            and rec.peak_p95_ms >= PEAK_REPORT_STEP * rec.reported_peak
+        )
+        if changed or big:
+            rec.reported_peak = rec.peak_p95_ms
+            return [snapshot(rec, "updated", obs.ts)]
+        return []
+
+    def _close_latency(self, ts: float | None, why: str | None) -> list[DriftEvent]:
+        if self._detector is not None:
+            self._detector.close()
+        if "latency" not in self._open:
+            return []
+        rec = self._open["latency"]
+        if why:
+            rec.evidence["ended_because"] = why
+        return [
+            self._book.close("latency", ts if ts is not None else self._last_ts or rec.start_ts)
+        ]
+
+    # -- the other kinds ------------------------------------------------------------------
+
+    def _open_failing(self, obs: Observation) -> DriftEvent:
+        ev = self._evidence(obs)
+        f = self._failures
+        ev.update(failures=f.failures, window=len(f.window), consecutive=f.consecutive_fail)
+        cause = attribute(ev, self.config)
+        rec = self._book.new("probes_failing", obs.ts, cause, self._base_p95(), None, ev)
+        rec.message = messages.failing_message(f.failures, len(f.window), f.consecutive_fail)
+        return snapshot(rec, "opened", obs.ts)
+
+    def _open_quality(self, obs: Observation) -> DriftEvent:
+        q = self._quality
+        ev: dict[str, Any] = {
+            "failures": q.failures,
+            "window": len(q.window),
+            "baseline_fail_rate": q.base_rate,
+            "flips": q.flips,
+        }
+        rec = self._book.new("quality", obs.ts, "unknown", self._base_p95(), self._p95(), ev)
+        rec.message = messages.quality_message(q.failures, len(q.window), q.base_rate)
+        return snapshot(rec, "opened", obs.ts)
+
+    def _open_heat(self, obs: Observation) -> DriftEvent:
+        ev = self._evidence(obs)
+        rec = self._book.new("heat_warning", obs.ts, "thermal", self._base_p95(), self._p95(), ev)
+        rec.message = messages.heat_message(ev)
+        return snapshot(rec, "opened", obs.ts)
+
+    def _cold_slow(self, obs: Observation) -> DriftEvent:
+        assert obs.ttft_ms is not None
+        b = self._baseline
+        return self._book.instant(
+            "cold_start_slow",
+            obs.ts,
+            evidence={"ttft_ms": obs.ttft_ms, "limit_ms": self.config.cold_start_limit_ms},
+            message=messages.cold_message(obs.ttft_ms, self.config.cold_start_limit_ms),
+            baseline_p95_ms=b.ttft_p95_ms if b else None,
+        )
+
+    # -- status ---------------------------------------------------------------------------
+
+    def state(self) -> MonitorState:
+        det = self._detector
+        ts = self._last_ts or 0.0
+        return MonitorState(
+            fingerprint_id=self.fingerprint_id,
+            baseline=self._baseline,
+            learning=self._learner.progress,
+            probes=self._counts["probes"],
+            warm_probes=self._counts["warm"],
+            cold_probes=self._counts["cold"],
+            failed_probes=self._counts["failed"],
+            recent_p95_ms=self._p95(),
+            detector=None
+            if det is None
+            else {"s": det.s, "h": det.cal.h, "d": det.d, "h_end": det.cal.h_end},
+            temp_slope_c_per_min=self._heat.slope_c_per_min(),
+            quality_window_failures=self._quality.failures,
+            quality_window_size=len(self._quality.window),
+            quality_base_rate=self._quality.base_rate,
+            quality_flips=self._quality.flips,
+            open_events=[snapshot(r, "updated", ts) for r in self._open.values()],
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """`state()` as a JSON-ready dict."""
+        st = self.state()
+        return {
+            "fingerprint_id": st.fingerprint_id,
+            "baseline": st.baseline.to_dict() if st.baseline else None,
+            "learning": {"have": st.learning[0], "need": st.learning[1]},
+            "probes": st.probes,
+            "warm_probes": st.warm_probes,
+            "cold_probes": st.cold_probes,
+            "failed_probes": st.failed_probes,
+            "recent_p95_ms": st.recent_p95_ms,
+            "detector": st.detector,
+            "temp_slope_c_per_min": st.temp_slope_c_per_min,
+            "quality": {
+                "window_failures": st.quality_window_failures,
+                "window_size": st.quality_window_size,
+                "base_rate": st.quality_base_rate,
+                "flips": st.quality_flips,
+            },
+            "open_events": [e.to_dict() for e in st.open_events],
+        }

@@ -1,0 +1,242 @@
+"""`llm-watchdog replay TRACE.csv`: the daemon's drift monitor over a recorded trace.
+
+The trace is the CSV of DESIGN.md's "Replay trace" contract: a header row, one row per canary
+probe, `ts` and `ttft_ms` required, every other column optional and any cell but `ts` may be
+empty. The whole file is parsed and checked before the first observation is replayed, so a
+bad row is reported with its line number and nothing is half-written.
+
+When the trace has no `cold` column, cold starts are classified the way the daemon does it
+(`classify_cold`): the first probe, and the first after a gap longer than `idle_after_s`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from watchdog.drift.cold import classify_cold
+from watchdog.drift.monitor import DriftMonitor
+from watchdog.drift.values import DriftConfig, DriftEvent, Observation
+
+REQUIRED = ("ts", "ttft_ms")
+OPTIONAL = (
+    "ok",
+    "cold",
+    "quality_pass",
+    "gpu_temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "power_w",
+    "power_limit_w",
+    "throttle_reasons",
+    "batch_inflight",
+    "batch_allowance",
+    "temp_slowdown_c",  # not in the contract's list; NVML reports it once per GPU
+)
+FLOAT_COLUMNS = (
+    "gpu_temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "power_w",
+    "power_limit_w",
+    "batch_inflight",
+    "batch_allowance",
+    "temp_slowdown_c",
+)
+MAX_LISTED = 5  # bad rows named in the error; the rest are counted
+
+
+class ReplayError(Exception):
+    """The trace cannot be replayed. str(err) is one line; `line` is the first bad line."""
+
+    def __init__(self, message: str, line: int | None = None, lines: list[int] | None = None):
+        super().__init__(message)
+        self.line = line
+        self.lines = lines or ([line] if line is not None else [])
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _float(text: str, column: str, *, minimum: float | None = None) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Bad(f"{column} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise _Bad(f"{column} {text!r} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise _Bad(f"{column} {text!r} is below {minimum:g}")
+    return value
+
+
+def _flag(text: str, column: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes"):
+        return True
+    if t in ("0", "false", "no"):
+        return False
+    raise _Bad(f"{column} {text!r} is not 0 or 1")
+
+
+def _bitmask(text: str, column: str) -> int:
+    t = text.strip().lower()
+    try:
+        value = int(t, 16) if t.startswith("0x") else int(t)
+    except ValueError:
+        raise _Bad(f"{column} {text!r} is not an integer bitmask") from None
+    if value < 0:
+        raise _Bad(f"{column} {text!r} is negative")
+    return value
+
+
+def _ts(ts: float) -> str:
+    return f"{ts:.0f}" if ts == int(ts) else f"{ts:.3f}"
+
+
+def _row(cells: dict[str, str]) -> tuple[dict[str, Any], bool]:
+    """Field values of one row, and whether its `cold` cell was given."""
+    get = {k: v.strip() for k, v in cells.items()}
+    if not get.get("ts"):
+        raise _Bad("ts is empty")
+    out: dict[str, Any] = {"ts": _float(get["ts"], "ts")}
+    ttft = get.get("ttft_ms", "")
+    out["ttft_ms"] = _float(ttft, "ttft_ms", minimum=0.0) if ttft else None
+    ok = get.get("ok", "")
+    out["ok"] = _flag(ok, "ok") if ok else out["ttft_ms"] is not None
+    cold = get.get("cold", "")
+    out["cold"] = _flag(cold, "cold") if cold else False
+    quality = get.get("quality_pass", "")
+    out["quality_pass"] = _flag(quality, "quality_pass") if quality else None
+    for column in FLOAT_COLUMNS:
+        text = get.get(column, "")
+        out[column] = _float(text, column) if text else None
+    reasons = get.get("throttle_reasons", "")
+    out["throttle_reasons"] = _bitmask(reasons, "throttle_reasons") if reasons else None
+    return out, bool(cold)
+
+
+def parse_trace(path: str | Path, *, idle_after_s: float = 300.0) -> list[Observation]:
+    """Every row of a trace as an Observation; ReplayError naming the bad lines, if any.
+
+    `idle_after_s` is the gap that makes a probe cold when the trace has no `cold` column.
+    """
+    name = str(path)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            return _parse(csv.reader(f), name, idle_after_s)
+    except FileNotFoundError:
+        raise ReplayError(f"{name}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise ReplayError(f"{name}: is a directory, not a CSV trace") from None
+    except UnicodeDecodeError as exc:
+        raise ReplayError(
+            f"{name}: not UTF-8 text ({exc.reason}); export the trace again as CSV"
+        ) from None
+    except csv.Error as exc:
+        raise ReplayError(f"{name}: not a readable CSV file ({exc})") from None
+
+
+def _parse(reader: Iterable[list[str]], name: str, idle_after_s: float) -> list[Observation]:
+    rows = iter(reader)
+    header: list[str] | None = None
+    for cells in rows:
+        if any(c.strip() for c in cells):
+            header = [c.strip() for c in cells]
+            break
+    if header is None:
+        raise ReplayError(f"{name}: empty file; a trace starts with a header row (ts,ttft_ms,...)")
+    header_line = getattr(reader, "line_num", 1)
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise ReplayError(
+            f"{name} line {header_line}: header lacks {', '.join(missing)}; the first row must "
+            f"name the columns, e.g. ts,ttft_ms,ok,cold,...",
+            header_line,
+        )
+    dupes = sorted({c for c in header if header.count(c) > 1 and c})
+    if dupes:
+        raise ReplayError(
+            f"{name} line {header_line}: column {', '.join(dupes)} appears twice", header_line
+        )
+    known = set(REQUIRED) | set(OPTIONAL)
+    keep = [(i, c) for i, c in enumerate(header) if c in known]
+    has_cold = "cold" in header
+
+    parsed: list[tuple[int, dict[str, Any], bool]] = []
+    problems: list[tuple[int, str]] = []
+    last_ts: float | None = None
+    for cells in rows:
+        line = getattr(reader, "line_num", 0)
+        if not any(c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            problems.append((line, f"expected {len(header)} fields, found {len(cells)}"))
+            continue
+        try:
+            values, cold_given = _row({c: cells[i] for i, c in keep})
+        except _Bad as exc:
+            problems.append((line, str(exc)))
+            continue
+        if last_ts is not None and values["ts"] < last_ts:
+            problems.append(
+                (line, f"ts {_ts(values['ts'])} is earlier than the row before ({_ts(last_ts)})")
+            )
+            continue
+        last_ts = values["ts"]
+        parsed.append((line, values, cold_given))
+    if problems:
+        listed = "; ".join(f"line {ln}: {msg}" for ln, msg in problems[:MAX_LISTED])
+        more = f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
+        count = "1 bad row" if len(problems) == 1 else f"{len(problems)} bad rows"
+        raise ReplayError(
+            f"{name}: {count}, nothing replayed: {listed}{more}; fix the rows and run replay again",
+            problems[0][0],
+            [ln for ln, _ in problems],
+        )
+    if not has_cold:
+        _classify(parsed, idle_after_s)
+    return [Observation(**values) for _, values, _ in parsed]
+
+
+def _classify(parsed: list[tuple[int, dict[str, Any], bool]], idle_after_s: float) -> None:
+    previous: float | None = None
+    for _, values, _ in parsed:
+        values["cold"] = classify_cold(
+            ts=values["ts"], previous_ts=previous, idle_after_s=idle_after_s
+        ).cold
+        previous = values["ts"]
+
+
+def replay_observations(
+    observations: Iterable[Observation],
+    config: DriftConfig | None = None,
+    *,
+    fingerprint_id: str = "replay",
+    on_event: Callable[[DriftEvent], None] | None = None,
+) -> list[DriftEvent]:
+    """Run a fresh DriftMonitor over the observations; the last snapshot of each event, in
+    the order the events opened. `on_event` sees every snapshot as it happens."""
+    monitor = DriftMonitor(config, fingerprint_id=fingerprint_id)
+    final: dict[str, DriftEvent] = {}
+    for obs in observations:
+        for event in monitor.observe(obs):
+            final[event.id] = event
+            if on_event is not None:
+                on_event(event)
+    return sorted(final.values(), key=lambda e: e.serial)
+
+
+def replay_file(path: str | Path, config: DriftConfig | None = None) -> list[DriftEvent]:
+    """Parse and check the whole trace, then replay it. Raises ReplayError on a bad trace."""
+    cfg = config or DriftConfig()
+    return replay_observations(parse_trace(path, idle_after_s=cfg.idle_after_s), cfg)
+
+
+def events_to_jsonl(events: Iterable[DriftEvent]) -> str:
+    """`replay --json` output: one contract object per line, newline-terminated."""
+    return "".join(e.to_json() + "\n" for e in events)
