@@ -271,9 +271,13 @@ def run(ctx: click.Context) -> None:
     _api_key(settings)
     Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
     store = open_store(settings, must_exist=False)
+    from watchdog.cli_judge import build_alerts
+
+    alert_manager = build_alerts(settings, store)
     try:
-        daemon = Daemon(settings, store)
+        daemon = Daemon(settings, store, alerts=alert_manager)
     except ProbeSetError as exc:
+        alert_manager.close(timeout_s=1.0)
         store.close()
         raise ConfigFail(str(exc)) from None
     daemon.install_signal_handlers()
@@ -282,12 +286,14 @@ def run(ctx: click.Context) -> None:
     except Exception as exc:
         click.echo(f"llm-watchdog: start-up failed: {exc}", err=True)
         daemon.shutdown(timeout_s=1.0)
+        alert_manager.close(timeout_s=1.0)
         store.close()
         sys.exit(EXIT_STARTUP_FAILED)
     try:
         daemon.serve()
     finally:
         clean = daemon.shutdown(timeout_s=5.0)
+        alert_manager.close(timeout_s=3.0)
         store.close()
         if not clean:
             click.echo(
@@ -375,6 +381,18 @@ GPU_COLUMNS = [
     "throttle_reasons",
     "reasons",
 ]
+BUCKET_COLUMNS = [
+    "time",
+    "span_s",
+    "n",
+    "ok_n",
+    "cold_n",
+    "quality_fail_n",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_max_ms",
+    "errors",
+]
 
 
 @cli.command()
@@ -386,35 +404,76 @@ GPU_COLUMNS = [
 )
 @click.option("--until", help="End (default now): a duration back or an ISO date.")
 @click.option("--gpu", "gpu", is_flag=True, help="GPU samples instead of probes.")
+@click.option(
+    "--resolution",
+    type=click.Choice(["auto", "raw", "1m", "1h"]),
+    default="auto",
+    show_default=True,
+    help="raw rows, or 1-minute / 1-hour buckets; auto: raw up to 2 days, then "
+    "1m up to 60 days, then 1h.",
+)
 @click.option("--limit", type=click.IntRange(1), help="At most this many rows (newest).")
+@click.option(
+    "--export-trace",
+    "export_to",
+    metavar="FILE",
+    help="Write the probes as a replay trace CSV (- for stdout) instead of listing them.",
+)
 @listing_options
 @click.pass_context
 def history(
-    ctx: click.Context, since: str, until: str | None, gpu: bool, limit: int | None, fmt: str
+    ctx: click.Context,
+    since: str,
+    until: str | None,
+    gpu: bool,
+    resolution: str,
+    limit: int | None,
+    export_to: str | None,
+    fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
+    from watchdog.store import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
     from watchdog.throttle import reason_names
 
     settings = settings_from(ctx)
     now = time.time()
     since_ts, until_ts = when_arg(since, now), when_arg(until, now)
+    assert since_ts is not None
+    if export_to:
+        from watchdog.cli_judge import export_trace_to
+
+        export_trace_to(settings, export_to, since_ts, until_ts)
+        return
+    if resolution == "auto":
+        length = (until_ts or now) - since_ts
+        resolution = (
+            "raw" if length <= AUTO_RAW_MAX_S else "1m" if length <= AUTO_1M_MAX_S else "1h"
+        )
     with open_store(settings) as store:
-        if gpu:
-            rows = store.gpu_samples(since_ts, until_ts)
-            for r in rows:
-                r["reasons"] = ",".join(reason_names(r.get("throttle_reasons") or 0))
-            columns = GPU_COLUMNS
+        if resolution == "raw":
+            rows = (
+                store.gpu_samples(since_ts, until_ts) if gpu else store.probes(since_ts, until_ts)
+            )
+            columns = GPU_COLUMNS if gpu else HISTORY_COLUMNS
         else:
-            rows = store.probes(since_ts, until_ts)
-            columns = HISTORY_COLUMNS
+            rows = store.history(since_ts, until_ts, resolution, series="gpu" if gpu else "probes")
+            columns = ["time", *GPU_HISTORY_COLUMNS[1:], "reasons"] if gpu else BUCKET_COLUMNS
     if limit:
         rows = rows[-limit:]
     for r in rows:
         r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
+        if gpu:
+            r["reasons"] = ",".join(reason_names(r.get("throttle_reasons") or 0))
     emit(rows, columns, fmt)
 
 
+def _register_commands() -> None:
+    # The judging side's commands live in their own module; importing it adds them to `cli`.
+    import watchdog.cli_judge  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> None:
+    _register_commands()
     cli.main(args=argv, prog_name="llm-watchdog", obj={})
 
 

@@ -77,7 +77,6 @@ class ProbeSettings:
     total_timeout_s: float = _duration("60s", minimum_s=0.01)
     cache_mode: str = _choice("bust", "bust", "cached")
     seed: int = 1234
-    cold_after_idle_s: float = _duration("10m")
     fingerprint_interval_s: float = _duration("1m", minimum_s=1)
 
 
@@ -103,12 +102,34 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class DriftSettings:
+    """The judging side (watchdog.drift.DriftConfig holds the full set of tuning constants)."""
+
+    enabled: bool = True
+    # Warm, unthrottled probes a baseline is learned from: 300 = 50 min at a 10 s interval.
+    baseline_probes: int = 300
+    # The smallest slowdown worth an alarm (TTFT ratio against the baseline).
+    shift_ratio: float = 1.3
+    # Mean probes between false alarms on a steady system (5e5 at 10 s = about 8 weeks).
+    false_alarm_probes: float = 500_000.0
+    # Read telemetry: a falling SM clock lets a slowdown be confirmed sooner.
+    telemetry_assist: bool = True
+    cold_start_limit_s: float = _duration("20s")
+    cold_after_idle_s: float = _duration("5m")
+    heat_horizon_s: float = _duration("5m")
+    quality_window: int = 30
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     gpu: GpuSettings = field(default_factory=GpuSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    drift: DriftSettings = field(default_factory=DriftSettings)
+    # [alerts] has arrays of sink tables; watchdog.alerts.config parses it (see there).
+    alerts: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="(built-in defaults)", compare=False)
 
     def api_key(self) -> str | None:
@@ -123,8 +144,45 @@ class Settings:
             if f.name == "source":
                 continue
             section = getattr(self, f.name)
+            if isinstance(section, dict):
+                out[f.name] = _masked(section) if mask_secrets else section
+                continue
             out[f.name] = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
         return out
+
+    def drift_config(self) -> Any:
+        from watchdog.drift import DriftConfig
+
+        d = self.drift
+        return DriftConfig(
+            baseline_n=d.baseline_probes,
+            shift_ratio=d.shift_ratio,
+            arl0_probes=d.false_alarm_probes,
+            telemetry_assist=d.telemetry_assist,
+            cold_start_limit_ms=d.cold_start_limit_s * 1000.0,
+            idle_after_s=d.cold_after_idle_s,
+            heat_horizon_s=d.heat_horizon_s,
+            quality_window=d.quality_window,
+        )
+
+
+_SECRET_WORDS = ("key", "token", "secret", "password", "url")
+
+
+def _masked(value: Any) -> Any:
+    """Config values with secrets hidden: webhook URLs carry tokens too."""
+    if isinstance(value, dict):
+        return {
+            k: "***"
+            if any(w in k.lower() for w in _SECRET_WORDS)
+            and isinstance(v, str)
+            and not k.endswith(("_file", "_env"))
+            else _masked(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
 
 
 def read_secret(file_path: str, env_name: str, source: str, what: str) -> str | None:
@@ -153,10 +211,11 @@ def _file_key(attr: str) -> str:
     return attr[:-2] if attr.endswith("_s") else attr
 
 
-SECTIONS: dict[str, type] = {
-    f.name: typing.get_type_hints(Settings)[f.name]
+SECTIONS: dict[str, Any] = {
+    f.name: typing.get_origin(h) or h
     for f in dataclasses.fields(Settings)
     if f.name != "source"
+    for h in [typing.get_type_hints(Settings)[f.name]]
 }
 
 
@@ -247,8 +306,28 @@ def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
             raise ConfigError(f"{source}: [{name}]: unknown section; known sections: {known}")
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: {name}: expected a [{name}] table, got {raw!r}")
-        sections[name] = build_section(SECTIONS[name], raw, source, name)
-    return Settings(**sections, source=source)
+        if SECTIONS[name] is dict:
+            sections[name] = _raw_section(name, raw, source)
+        else:
+            sections[name] = build_section(SECTIONS[name], raw, source, name)
+    try:
+        settings = Settings(**sections, source=source)
+        settings.drift_config()
+    except ValueError as exc:
+        raise ConfigError(f"{source}: [{exc}".replace("[drift config: ", "[drift] ")) from None
+    return settings
+
+
+def _raw_section(name: str, raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check a section another module parses, without reading the secrets it names."""
+    if name == "alerts":
+        from watchdog.alerts.config import AlertConfigError, alert_config_from_dict
+
+        try:
+            alert_config_from_dict(raw)
+        except AlertConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return raw
 
 
 def _env_overrides(env: typing.Mapping[str, str], source: str) -> dict[str, dict[str, Any]]:

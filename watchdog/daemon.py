@@ -28,6 +28,7 @@ from watchdog.config import Settings
 from watchdog.engine import EngineInfo, detect_engine, resolve_model
 from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
 from watchdog.gpu import NvmlReader
+from watchdog.judge import Judge
 from watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from watchdog.probe import ProbeOptions, Prober
 from watchdog.probeset import ProbeSet, load_probe_set
@@ -72,7 +73,8 @@ class Daemon:
         nvml: Any | None = None,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
-        on_probe: Callable[[ProbeResult, list[dict[str, Any]]], None] | None = None,
+        on_probe: Callable[[ProbeResult, GpuSample | None], None] | None = None,
+        alerts: Any | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -97,6 +99,12 @@ class Daemon:
         self._last_probe_ts: float | None = None
         self._cold_pending = True  # the first probe after start is a cold start
         self._lock = threading.Lock()
+        self._judge_lock = threading.Lock()
+        self.alerts = alerts
+        self.judge = (
+            Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
+        )
+        self.last_samples: list[GpuSample] = []
         self._busy = 0
         self._busy_cv = threading.Condition()
         self.scheduler: BackgroundScheduler | None = None
@@ -153,7 +161,7 @@ class Daemon:
         host = urlsplit(self.settings.server.url).hostname or ""
         if port is None or host not in ("127.0.0.1", "localhost", "::1"):
             return None
-        return listening_process_cmdline(port)
+        return listening_process_cmdline(port, host="127.0.0.1" if host == "localhost" else host)
 
     def _record_fingerprint(self) -> None:
         infos = self.reader.infos() if self.reader.available else []
@@ -175,6 +183,10 @@ class Daemon:
             self._cold_pending = True
         self.fingerprint = fp
         self.fingerprint_id = self.store.record_fingerprint(fp)
+        if self.judge is not None:
+            with self._judge_lock:
+                self.judge.set_fingerprint(self.fingerprint_id, self.clock())
+                self.judge.reload_baseline(self.clock())
 
     # ---- jobs -----------------------------------------------------------------------------
 
@@ -188,7 +200,7 @@ class Daemon:
         assert prober is not None, "startup() first"
         result = prober.probe(prompt, self.probe_set.name, now=self.clock)
         cold = self._cold_pending
-        idle = self.settings.probe.cold_after_idle_s
+        idle = self.settings.drift.cold_after_idle_s
         if self._last_probe_ts is not None and result.ts - self._last_probe_ts > idle:
             cold = True
         if result.load_duration_ms and result.load_duration_ms > 1.0:
@@ -198,17 +210,40 @@ class Daemon:
             self._last_probe_ts = result.ts
         result = replace(result, cold=cold)
         self.store.record_probe(result, self.fingerprint_id)
+        gpu = self.serving_gpu()
+        if self.judge is not None:
+            with self._judge_lock:
+                self.judge.observe(result, gpu, temp_slowdown_c=self._slowdown_c(gpu))
         if self.on_probe:
-            self.on_probe(result, self.store.last_gpu_samples())
+            self.on_probe(result, gpu)
         return result
+
+    def serving_gpu(self) -> GpuSample | None:
+        """The GPU the probes are judged against: the first one sampled (see gpu.indices)."""
+        samples = self.last_samples
+        return samples[0] if samples else None
+
+    def _slowdown_c(self, gpu: GpuSample | None) -> float | None:
+        if gpu is None:
+            return None
+        if gpu.temp_slowdown_c is not None:
+            return gpu.temp_slowdown_c
+        for info in self.reader.infos():
+            if info.index == gpu.gpu_index:
+                limits = [t for t in (info.temp_slowdown_c, info.temp_gpu_max_c) if t]
+                return min(limits) if limits else None
+        return None
 
     def sample_gpu(self) -> list[GpuSample]:
         samples, events = self.reader.sample()
         if samples:
+            self.last_samples = samples
             self.store.record_gpu_samples(samples)
         for ev in events:
             log.warning("GPU telemetry: %s %s", ev.kind, ev.detail)
             self.store.record_gpu_event(ev)
+            if self.judge is not None:
+                self.judge.gpu_event(ev)
         return samples
 
     def rollup(self) -> None:

@@ -1,0 +1,135 @@
+"""The daemon end to end: real HTTP to a local streaming server, a real SQLite file, fake NVML
+passed in; and `llm-watchdog run` as a real subprocess stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakenvml import scenario_basic
+from tests.streamserver import StreamServer, closed_port_url
+from watchdog.config import settings_from_dict
+from watchdog.daemon import Daemon
+from watchdog.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings_for(url: str, db: Path, **probe: object):
+    return settings_from_dict(
+        {
+            "server": {"url": url, "model": "auto"},
+            "probe": {"interval": "1s", "jitter": "0s", **probe},
+            "gpu": {"interval": "1s"},
+            "storage": {"path": str(db)},
+        },
+        "test.toml",
+    )
+
+
+def test_probe_rows_point_to_a_fingerprint_and_the_first_is_cold(tmp_path):
+    db = tmp_path / "wd.db"
+    with (
+        StreamServer(answer="Paris", engine="llamacpp", version="b1234") as srv,
+        Store(db) as store,
+    ):
+        daemon = Daemon(settings_for(srv.url, db), store, nvml=scenario_basic())
+        daemon.startup()
+        try:
+            results = [daemon.probe_once() for _ in range(3)]
+            samples = daemon.sample_gpu()
+        finally:
+            daemon.shutdown(timeout_s=2)
+        rows = store.probes()
+        fp = store.latest_fingerprint()
+    assert [r.cold for r in results] == [True, False, False]
+    assert len(rows) == 3 and all(r["fingerprint_id"] == fp["id"] for r in rows)
+    assert fp["engine"] == "llamacpp" and fp["engine_version"] == "b1234"
+    assert fp["gpu_name"] not in (None, "unknown")
+    # llama.cpp has its own prompt-cache switch; the daemon asks the engine and uses it.
+    assert results[0].cache_bust == "cache_prompt_false"
+    assert srv.chat_requests()[0].json["cache_prompt"] is False
+    assert len(samples) == 2 and samples[0].temp_c is not None
+
+
+def test_a_server_that_is_down_gives_failed_rows_not_a_crash(tmp_path):
+    db = tmp_path / "wd.db"
+    url = closed_port_url()
+    with Store(db) as store:
+        daemon = Daemon(settings_for(url, db), store, nvml=scenario_basic())
+        daemon.startup()
+        try:
+            result = daemon.probe_once()
+        finally:
+            daemon.shutdown(timeout_s=2)
+        rows = store.probes()
+    assert not result.ok and result.error_class == "connect_refused"
+    assert rows[0]["error_class"] == "connect_refused"
+
+
+def test_runtime_change_makes_the_next_probe_cold(tmp_path):
+    db = tmp_path / "wd.db"
+    with StreamServer(answer="Paris", engine="vllm", version="0.6.0") as srv, Store(db) as store:
+        daemon = Daemon(settings_for(srv.url, db), store, nvml=scenario_basic())
+        daemon.startup()
+        try:
+            daemon.probe_once()
+            assert daemon.probe_once().cold is False
+            srv.set(version="0.6.1")  # the engine was upgraded and restarted
+            daemon.refresh_identity()
+            assert daemon.probe_once().cold is True
+        finally:
+            daemon.shutdown(timeout_s=2)
+        assert len(store.rows("SELECT id FROM fingerprints")) == 2
+
+
+@pytest.mark.slow
+def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
+    db = tmp_path / "wd.db"
+    with StreamServer(answer="Paris", first_token_delay_s=0.02) as srv:
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[server]\nurl = "{srv.url}"\n'
+            '[probe]\ninterval = "0.5s"\njitter = "0s"\n'
+            f'[storage]\npath = "{db}"\n'
+            '[logging]\nformat = "text"\n'
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("LLM_WATCHDOG_CONFIG", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "watchdog", "--config", str(config), "run"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and len(srv.chat_requests()) < 4:
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=15)
+            stop_s = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert stop_s < 6, f"took {stop_s:.1f}s to stop"
+    with Store(db) as store:
+        rows = store.probes()
+        events = store.gpu_events()
+    assert len(rows) >= 4
+    assert all(r["ok"] for r in rows)
+    assert rows[0]["cold"] and not rows[-1]["cold"]
+    # No NVIDIA driver on a CI machine: said once, recorded, and the daemon carried on.
+    if not Path("/dev/nvidiactl").exists():
+        assert [e["kind"] for e in events] == ["nvml_unavailable"]
+        assert err.count("latency-only") == 1
+    assert "watching " + srv.url in err

@@ -1,0 +1,425 @@
+"""CLI commands of the judging side: `drift`, `baseline`, `alerts`, `replay`, and the trace
+export of `history`. Registered on the main group by `watchdog.cli`."""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from watchdog.cli import ConfigFail, Fail, cli, open_store, settings_from, when_arg
+from watchdog.output import emit, listing_options, stamp
+
+# ---- drift ----------------------------------------------------------------------------------
+
+DRIFT_COLUMNS = ["start", "end", "kind", "cause", "baseline_p95_ms", "peak_p95_ms", "message"]
+
+
+@cli.command()
+@click.option("--since", default="7d", show_default=True, help="A duration back or an ISO date.")
+@click.option("--until", help="End (default now).")
+@click.option("--open", "only_open", is_flag=True, help="Only events still open.")
+@listing_options
+@click.pass_context
+def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fmt: str) -> None:
+    """Drift events (chat slowed, heat warning, quality, cold starts …) with cause and evidence."""
+    from watchdog.records import events
+
+    settings = settings_from(ctx)
+    now = time.time()
+    with open_store(settings) as store:
+        rows = events(store, when_arg(since, now), when_arg(until, now))
+    if only_open:
+        rows = [r for r in rows if r["end_ts"] is None]
+    for r in rows:
+        r["start"] = stamp(r["start_ts"]) if fmt == "table" else r["start_ts"]
+        r["end"] = (
+            (stamp(r["end_ts"]) if r["end_ts"] else "open") if fmt == "table" else r["end_ts"]
+        )
+    columns = (
+        DRIFT_COLUMNS
+        if fmt == "table"
+        else [
+            "id",
+            "start_ts",
+            "end_ts",
+            "kind",
+            "cause",
+            "baseline_p95_ms",
+            "peak_p95_ms",
+            "evidence",
+            "message",
+            "fingerprint_id",
+        ]
+    )
+    emit(rows, columns, fmt)
+
+
+# ---- baseline -------------------------------------------------------------------------------
+
+
+@cli.group()
+def baseline() -> None:
+    """Show, capture or reset the latency baseline drift is judged against."""
+
+
+BASELINE_COLUMNS = [
+    "fingerprint_id",
+    "source",
+    "created",
+    "n",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "temp_c",
+    "sm_clock_mhz",
+    "throttled",
+    "retired",
+]
+
+
+@baseline.command("show")
+@click.option("--all", "show_all", is_flag=True, help="Include retired baselines.")
+@listing_options
+@click.pass_context
+def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
+    """The baseline in use for each fingerprint (what 'normal' is)."""
+    from watchdog.records import baselines
+
+    settings = settings_from(ctx)
+    with open_store(settings) as store:
+        rows = baselines(store, include_retired=show_all)
+    for r in rows:
+        r["created"] = stamp(r["created_ts"]) if fmt == "table" else r["created_ts"]
+        r["retired"] = stamp(r["reset_ts"]) if r.get("reset_ts") else ""
+    emit(rows, BASELINE_COLUMNS, fmt)
+
+
+@baseline.command("reset")
+@click.option("--fingerprint", help="Only this fingerprint's baseline (default: all).")
+@click.pass_context
+def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
+    """Retire the baseline; the daemon learns a new one from the next warm probes."""
+    from watchdog.records import reset_baselines
+
+    settings = settings_from(ctx)
+    with open_store(settings) as store:
+        n = reset_baselines(store, time.time(), fingerprint)
+    click.echo(f"retired {n} baseline(s); a running daemon re-learns within a minute")
+
+
+@baseline.command("capture")
+@click.option(
+    "--for",
+    "duration",
+    default="30m",
+    show_default=True,
+    help="Probe for this long now (at probe.interval) and take the baseline from it.",
+)
+@click.option(
+    "--from-history",
+    "from_history",
+    metavar="DURATION",
+    help="Instead of probing, use the probes recorded in the last DURATION.",
+)
+@click.pass_context
+def baseline_capture(ctx: click.Context, duration: str, from_history: str | None) -> None:
+    """Take a baseline explicitly, e.g. right after a known-good deploy."""
+    from watchdog.durations import parse_duration
+    from watchdog.records import save_baseline
+
+    settings = settings_from(ctx)
+    try:
+        seconds = parse_duration(from_history or duration)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
+    with open_store(settings, must_exist=bool(from_history)) as store:
+        if from_history:
+            fingerprint_id, observations = _history_observations(store, time.time() - seconds)
+        else:
+            fingerprint_id, observations = _probe_for(settings, store, seconds)
+        from watchdog.drift import baseline_from_observations
+
+        try:
+            b = baseline_from_observations(
+                observations,
+                fingerprint_id=fingerprint_id,
+                created_ts=time.time(),
+                source="capture",
+                config=settings.drift_config(),
+            )
+        except ValueError as exc:
+            raise Fail(f"{exc}: capture for longer, or check `llm-watchdog history`") from None
+        save_baseline(store, b)
+    click.echo(
+        f"baseline for {fingerprint_id}: TTFT p50 {b.ttft_p50_ms:.0f} ms, "
+        f"p95 {b.ttft_p95_ms:.0f} ms from {b.n} probes"
+        + (" (all throttled: judged against a hot card)" if b.throttled else "")
+    )
+
+
+def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
+    from watchdog.drift import observation_from
+    from watchdog.store import probe_from_row, sample_from_row
+
+    fp = store.latest_fingerprint()
+    if fp is None:
+        raise Fail("no probes recorded yet: run the daemon first, or capture with --for")
+    rows = [r for r in store.probes(since_ts) if r["fingerprint_id"] == fp["id"]]
+    samples = [sample_from_row(r) for r in store.gpu_samples(since_ts)]
+    nearest = _nearest_sampler(samples)
+    return fp["id"], [
+        observation_from(probe_from_row(r), nearest(r["ts"]), cold=bool(r["cold"])) for r in rows
+    ]
+
+
+def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any]]:
+    from dataclasses import replace
+
+    from watchdog.daemon import Daemon
+    from watchdog.drift import observation_from
+
+    quiet = replace(settings, drift=replace(settings.drift, enabled=False))
+    daemon = Daemon(quiet, store)
+    daemon.startup()
+    observations = []
+    deadline = time.monotonic() + seconds
+    click.echo(
+        f"probing {settings.server.url} every {settings.probe.interval_s:g}s for {seconds:g}s …",
+        err=True,
+    )
+    try:
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            if daemon.reader.available:
+                daemon.sample_gpu()
+            result = daemon.probe_once()
+            observations.append(observation_from(result, daemon.serving_gpu(), cold=result.cold))
+            time.sleep(max(0.0, settings.probe.interval_s - (time.monotonic() - t0)))
+    finally:
+        daemon.shutdown(timeout_s=2)
+    assert daemon.fingerprint_id is not None
+    return daemon.fingerprint_id, observations
+
+
+def _nearest_sampler(samples: list[Any]) -> Any:
+    """The latest sample at or before a time (the first GPU), within 60 s; else None."""
+    first = sorted(
+        (s for s in samples if s.gpu_index == min((x.gpu_index for x in samples), default=0)),
+        key=lambda s: s.ts,
+    )
+    stamps = [s.ts for s in first]
+
+    def nearest(ts: float) -> Any:
+        i = bisect.bisect_right(stamps, ts) - 1
+        if i >= 0 and ts - stamps[i] <= 60:
+            return first[i]
+        return None
+
+    return nearest
+
+
+# ---- trace export / replay ------------------------------------------------------------------
+
+TRACE_COLUMNS = [
+    "ts",
+    "ttft_ms",
+    "ok",
+    "cold",
+    "quality_pass",
+    "gpu_temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "power_w",
+    "power_limit_w",
+    "throttle_reasons",
+    "batch_inflight",
+    "batch_allowance",
+]
+
+
+def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
+    """Write recorded probes as a replay trace (the CSV contract of DESIGN.md)."""
+    from watchdog.store import sample_from_row
+
+    samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
+    nearest = _nearest_sampler(samples)
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(TRACE_COLUMNS)
+    n = 0
+
+    def cell(v: Any) -> Any:
+        if v is None:
+            return ""
+        if isinstance(v, bool):
+            return int(v)
+        return v
+
+    for r in store.probes(since_ts, until_ts):
+        g = nearest(r["ts"])
+        writer.writerow(
+            [
+                cell(v)
+                for v in (
+                    r["ts"],
+                    r["ttft_ms"] if r["ok"] else None,
+                    r["ok"],
+                    r["cold"],
+                    r["quality_pass"],
+                    g.temp_c if g else None,
+                    g.sm_clock_mhz if g else None,
+                    g.sm_clock_max_mhz if g else None,
+                    g.power_w if g else None,
+                    g.power_limit_w if g else None,
+                    g.throttle_reasons if g else None,
+                    r.get("batch_inflight"),
+                    r.get("batch_allowance"),
+                )
+            ]
+        )
+        n += 1
+    return n
+
+
+@cli.command()
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per event per line (the replay contract).",
+)
+@click.pass_context
+def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
+    """Run the daemon's detector over a recorded trace (CSV) and print the drift events."""
+    from watchdog.drift import ReplayError, replay_file
+
+    settings = settings_from(ctx)
+    if trace != "-" and not Path(trace).exists():
+        raise Fail(
+            f"{trace}: no such file; export one with "
+            "`llm-watchdog history --since 7d --export-trace week.csv`"
+        )
+    path: Any = trace
+    if trace == "-":
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as tmp:
+            tmp.write(sys.stdin.read())
+        path = tmp.name
+    try:
+        found = replay_file(path, settings.drift_config())
+    except ReplayError as exc:
+        raise Fail(str(exc)) from None
+    except OSError as exc:
+        raise Fail(f"{trace}: cannot read ({exc.strerror})") from None
+    finally:
+        if trace == "-":
+            Path(path).unlink()
+    if as_json:
+        for ev in found:
+            click.echo(ev.to_json())
+        return
+    rows = [
+        {"start": stamp(e.start_ts), "end": stamp(e.end_ts) if e.end_ts else "open", **e.to_dict()}
+        for e in found
+    ]
+    emit(rows, DRIFT_COLUMNS, "table")
+
+
+# ---- alerts ---------------------------------------------------------------------------------
+
+ALERT_COLUMNS = ["time", "kind", "state", "severity", "sink", "ok", "attempts", "error", "message"]
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--since", default="7d", show_default=True, help="A duration back or an ISO date.")
+@click.option("--failed", is_flag=True, help="Only deliveries that failed.")
+@listing_options
+@click.pass_context
+def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
+    """What was sent to which sink, and what failed. `alerts test` sends a test alert."""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = settings_from(ctx)
+    since_ts = when_arg(since, time.time())
+    with open_store(settings) as store:
+        rows = store.rows(
+            "SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,)
+        )
+    if failed:
+        rows = [r for r in rows if not r["ok"]]
+    for r in rows:
+        r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
+        r["ok"] = bool(r["ok"])
+    emit(rows, ALERT_COLUMNS, fmt)
+
+
+def build_alerts(settings: Any, store: Any) -> Any:
+    """The daemon's alert manager: the configured sinks, or the log when none is configured."""
+    import os
+
+    from watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
+
+    try:
+        config, sinks = load_alerts(settings.alerts, env=os.environ)
+    except AlertConfigError as exc:
+        raise ConfigFail(f"{settings.source}: {exc}") from None
+    return AlertManager(sinks or [LogSink()], store, config)
+
+
+@alerts.command("test")
+@click.pass_context
+def alerts_test(ctx: click.Context) -> None:
+    """Send a test alert to every configured sink now; exit 1 if any failed."""
+    import os
+
+    from watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
+
+    settings = settings_from(ctx)
+    try:
+        _, sinks = load_alerts(settings.alerts, env=os.environ)
+    except AlertConfigError as exc:
+        raise ConfigFail(f"{settings.source}: {exc}") from None
+    if not sinks:
+        click.echo("no sinks configured in [alerts]; testing the log sink", err=True)
+        sinks = [LogSink()]
+    store = None
+    if Path(settings.storage.path).exists():
+        store = open_store(settings)
+    try:
+        results = send_test(sinks, recorder=store)
+    finally:
+        if store is not None:
+            store.close()
+        for sink in sinks:
+            close = getattr(sink, "close", None)
+            if close:
+                close()
+    for r in results:
+        verdict = "ok" if r.ok else f"FAILED: {r.error}"
+        click.echo(f"{r.sink}: {verdict} ({r.elapsed_ms:.0f} ms)")
+    if not all(r.ok for r in results):
+        sys.exit(1)
+
+
+def export_trace_to(
+    settings: Any, target: str, since_ts: float | None, until_ts: float | None
+) -> None:
+    with open_store(settings) as store:
+        if target == "-":
+            n = export_trace(store, since_ts, until_ts, sys.stdout)
+        else:
+            with open(target, "w", newline="") as fh:
+                n = export_trace(store, since_ts, until_ts, fh)
+    click.echo(f"wrote {n} probes to {'stdout' if target == '-' else target}", err=True)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)

@@ -1,0 +1,170 @@
+"""The daemon's judging side: probes in, drift events and alerts out.
+
+Glue between the pure `watchdog.drift.DriftMonitor`, the store and the alert manager, so the
+daemon only hands it what it measured. The monitor is the same code `replay` runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from watchdog.alerts import AlertEvent
+from watchdog.drift import DriftEvent, DriftMonitor, observation_from
+from watchdog.models import GpuEvent, GpuSample, ProbeResult
+from watchdog.records import active_baseline, save_baseline, save_event
+from watchdog.store import Store
+
+log = logging.getLogger("watchdog.judge")
+
+# Drift event kinds as the alert rules name them.
+ALERT_KIND = {
+    "latency": "chat_slowed",
+    "quality": "quality_failed",
+    "heat_warning": "heat_warning",
+    "cold_start_slow": "cold_start_slow",
+    "probes_failing": "probes_failing",
+    "baseline_invalidated": "baseline_invalidated",
+}
+TITLES = {
+    "chat_slowed": "Chat slowed",
+    "quality_failed": "Canary answers changed",
+    "heat_warning": "GPU close to throttling",
+    "cold_start_slow": "Slow cold start",
+    "probes_failing": "Canary probes failing",
+    "baseline_invalidated": "Runtime changed: re-baselining",
+    "telemetry_lost": "GPU telemetry lost",
+    "control_not_effective": "Batch allowance not applied",
+}
+
+
+def alert_for(event: DriftEvent) -> AlertEvent | None:
+    """The alert a drift snapshot raises: opening fires, closing resolves, updates are quiet."""
+    kind = ALERT_KIND.get(event.kind)
+    if kind is None or event.change == "updated":
+        return None
+    state = "resolved" if event.change == "closed" else "firing"
+    return AlertEvent(
+        key=f"drift:{event.id}",
+        kind=kind,
+        state=state,
+        ts=event.end_ts if state == "resolved" and event.end_ts else event.start_ts,
+        title=TITLES[kind],
+        message=event.message,
+        cause=event.cause,
+        fields=event.to_dict(),
+    )
+
+
+def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
+    if ev.kind in ("gpu_lost", "nvml_timeout"):
+        state = "firing"
+    elif ev.kind == "gpu_recovered":
+        state = "resolved"
+    else:
+        return None
+    what = f"GPU {ev.gpu_index}" if ev.gpu_index is not None else "NVML"
+    message = {
+        "gpu_lost": f"{what} fell off the bus or stopped answering NVML: {ev.detail}",
+        "nvml_timeout": f"an NVML call on {what} hung: {ev.detail}",
+        "gpu_recovered": f"{what} answers NVML again",
+    }[ev.kind]
+    return AlertEvent(
+        key=f"telemetry:{ev.gpu_index}",
+        kind="telemetry_lost",
+        state=state,
+        ts=ev.ts,
+        title=TITLES["telemetry_lost"],
+        message=message,
+    )
+
+
+class Judge:
+    """One DriftMonitor for the daemon's current fingerprint, persisted and alerting."""
+
+    def __init__(self, store: Store, drift_config: Any, alerts: Any | None = None) -> None:
+        self.store = store
+        self.alerts = alerts
+        self.drift_config = drift_config
+        self.monitor = DriftMonitor(drift_config)  # replaced once the fingerprint is known
+        self.fingerprint_id: str | None = None
+
+    def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
+        """Judge against the baseline of this runtime; a change of runtime re-baselines."""
+        if fingerprint_id == self.fingerprint_id:
+            return []
+        first = self.fingerprint_id is None
+        self.fingerprint_id = fingerprint_id
+        if first:
+            self.monitor = DriftMonitor(self.drift_config, fingerprint_id=fingerprint_id)
+            events: list[DriftEvent] = []
+        else:
+            events = self.monitor.set_fingerprint(fingerprint_id, ts)
+        stored = active_baseline(self.store, fingerprint_id)
+        if stored is not None:
+            events += self.monitor.load_baseline(stored, ts)
+            log.info(
+                "baseline for %s: p50 %.0f ms, p95 %.0f ms from %d probes (%s)",
+                fingerprint_id,
+                stored.ttft_p50_ms,
+                stored.ttft_p95_ms,
+                stored.n,
+                stored.source,
+            )
+        self._publish(events)
+        return events
+
+    def observe(
+        self,
+        result: ProbeResult,
+        gpu: GpuSample | None,
+        *,
+        temp_slowdown_c: float | None = None,
+        batch_inflight: float | None = None,
+        batch_allowance: float | None = None,
+    ) -> list[DriftEvent]:
+        obs = observation_from(
+            result,
+            gpu,
+            cold=result.cold,
+            batch_inflight=batch_inflight,
+            batch_allowance=batch_allowance,
+            temp_slowdown_c=temp_slowdown_c,
+        )
+        events = self.monitor.observe(obs)
+        learned = self.monitor.pop_new_baseline()
+        if learned is not None:
+            save_baseline(self.store, learned)
+            log.info(
+                "learned a baseline from %d warm probes: p50 %.0f ms, p95 %.0f ms",
+                learned.n,
+                learned.ttft_p50_ms,
+                learned.ttft_p95_ms,
+            )
+        self._publish(events)
+        return events
+
+    def reload_baseline(self, ts: float) -> None:
+        """Pick up a baseline captured or reset from the CLI while the daemon runs."""
+        if self.fingerprint_id is None:
+            return
+        stored = active_baseline(self.store, self.fingerprint_id)
+        current = self.monitor.baseline
+        if stored is None and current is not None and current.source == "capture":
+            self._publish(self.monitor.reset_baseline(ts))
+        elif stored is not None and stored != current:
+            self._publish(self.monitor.load_baseline(stored, ts))
+
+    def gpu_event(self, ev: GpuEvent) -> None:
+        alert = telemetry_alert(ev)
+        if alert is not None and self.alerts is not None:
+            self.alerts.submit(alert)
+
+    def _publish(self, events: list[DriftEvent]) -> None:
+        for ev in events:
+            save_event(self.store, ev, self.fingerprint_id)
+            if ev.change != "updated":
+                log.warning("%s", ev.message)
+            alert = alert_for(ev)
+            if alert is not None and self.alerts is not None:
+                self.alerts.submit(alert)

@@ -1,0 +1,88 @@
+"""Drift baselines and events in the store: the SQL the CLI and the daemon share.
+
+The tables come from migration m002; only `watchdog.store.Store` talks to SQLite, and these
+helpers go through its `insert` / `execute` / `rows`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from watchdog.drift import Baseline, DriftEvent
+from watchdog.store import Store
+
+
+def save_baseline(store: Store, baseline: Baseline) -> int:
+    """Store a baseline as the one in use for its fingerprint (older ones are retired)."""
+    with store.transaction():
+        store.execute(
+            "UPDATE baselines SET reset_ts = ? WHERE fingerprint_id = ? AND reset_ts IS NULL",
+            (baseline.created_ts, baseline.fingerprint_id),
+        )
+        return store.insert("baselines", baseline.to_dict())
+
+
+def active_baseline(store: Store, fingerprint_id: str) -> Baseline | None:
+    rows = store.rows(
+        "SELECT * FROM baselines WHERE fingerprint_id = ? AND reset_ts IS NULL "
+        "ORDER BY created_ts DESC LIMIT 1",
+        (fingerprint_id,),
+    )
+    return Baseline.from_dict(rows[0]) if rows else None
+
+
+def reset_baselines(store: Store, ts: float, fingerprint_id: str | None = None) -> int:
+    """Retire the baseline in use (of one fingerprint, or all); returns how many."""
+    if fingerprint_id is None:
+        return store.execute("UPDATE baselines SET reset_ts = ? WHERE reset_ts IS NULL", (ts,))
+    return store.execute(
+        "UPDATE baselines SET reset_ts = ? WHERE fingerprint_id = ? AND reset_ts IS NULL",
+        (ts, fingerprint_id),
+    )
+
+
+def baselines(store: Store, include_retired: bool = False) -> list[dict[str, Any]]:
+    where = "" if include_retired else " WHERE reset_ts IS NULL"
+    return store.rows(f"SELECT * FROM baselines{where} ORDER BY created_ts")
+
+
+def save_event(store: Store, event: DriftEvent, fingerprint_id: str | None) -> None:
+    """Upsert one snapshot: an event keeps its id from opening to closing."""
+    row = {
+        "id": event.id,
+        "kind": event.kind,
+        "fingerprint_id": fingerprint_id,
+        "start_ts": event.start_ts,
+        "end_ts": event.end_ts,
+        "cause": event.cause,
+        "baseline_p95_ms": event.to_dict()["baseline_p95_ms"],
+        "peak_p95_ms": event.to_dict()["peak_p95_ms"],
+        "evidence": json.dumps(event.to_dict()["evidence"], sort_keys=True),
+        "message": event.message,
+        "updated_ts": event.ts,
+    }
+    columns = ", ".join(row)
+    marks = ", ".join("?" for _ in row)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in row if c != "id")
+    store.execute(
+        f"INSERT INTO drift_events ({columns}) VALUES ({marks}) "
+        f"ON CONFLICT(id) DO UPDATE SET {updates}",
+        tuple(row.values()),
+    )
+
+
+def events(
+    store: Store, since_ts: float | None = None, until_ts: float | None = None
+) -> list[dict[str, Any]]:
+    """Events that overlap [since, until), oldest first; open events always count."""
+    since = -1.0 if since_ts is None else since_ts
+    until = float("inf") if until_ts is None else until_ts
+    rows = store.rows(
+        "SELECT * FROM drift_events WHERE (end_ts IS NULL OR end_ts >= ?) AND start_ts < ? "
+        "ORDER BY start_ts",
+        (since, until),
+    )
+    for r in rows:
+        r["evidence"] = json.loads(r["evidence"] or "{}")
+    return rows
