@@ -114,7 +114,12 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
                 time.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
-            _, err = proc.communicate(timeout=15)
+            try:
+                _, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                pytest.fail(f"did not stop within 15 s of SIGTERM; its log:\n{err}")
             stop_s = time.monotonic() - t0
         finally:
             if proc.poll() is None:

@@ -7,6 +7,7 @@ Every error is one line on stderr that says what to do next.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -299,6 +300,10 @@ def run(ctx: click.Context) -> None:
             click.echo(
                 "llm-watchdog: a job was still running at shutdown; stopped anyway", err=True
             )
+            # A probe blocked in a read would hold interpreter exit (the executor joins its
+            # threads) until its own timeout; the store is closed, so nothing is lost.
+            sys.stderr.flush()
+            os._exit(0)
 
 
 # ---- status / history -----------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Daemon steady state: CPU share of one core and resident memory.
+
+The daemon runs in this process exactly as `llm-watchdog run` wires it (APScheduler jobs,
+SQLite store, drift judge, log alert sink), probing every 10 s and sampling the fake NVML
+(tests.fakenvml.scenario_basic, 2 GPUs) every 1 s. The streaming server it probes runs in
+its own process, so its work is not counted. Targets: CPU <= 1 % of one core, RSS <= 80 MB.
+
+    .venv/bin/python tests/benchmarks/bench_daemon.py [--seconds 120] [--interval 10s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.fakenvml import scenario_basic  # noqa: E402
+from watchdog.alerts import AlertManager, LogSink  # noqa: E402
+from watchdog.config import settings_from_dict  # noqa: E402
+from watchdog.daemon import Daemon  # noqa: E402
+from watchdog.store import Store  # noqa: E402
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--interval", default="10s")
+    ap.add_argument("--warmup", type=float, default=15.0)
+    args = ap.parse_args()
+
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "streamserver.py"),
+            "--first-token-delay-s",
+            "0.05",
+            "--answer",
+            "Paris",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    url = server.stdout.readline().strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = settings_from_dict(
+            {
+                "server": {"url": url},
+                "probe": {"interval": args.interval, "jitter": "1s"},
+                "gpu": {"interval": "1s"},
+                "storage": {"path": f"{tmp}/wd.db"},
+            },
+            "bench",
+        )
+        store = Store(settings.storage.path)
+        alerts = AlertManager([LogSink()], store)
+        daemon = Daemon(settings, store, nvml=scenario_basic(), alerts=alerts)
+        daemon.startup()
+        daemon.start_jobs()
+        try:
+            time.sleep(args.warmup)  # imports, first probe, first fingerprint
+            c0, t0, r0 = cpu_s(), time.monotonic(), rss_mb()
+            peak = r0
+            end = t0 + args.seconds
+            while time.monotonic() < end:
+                time.sleep(1.0)
+                peak = max(peak, rss_mb())
+            c1, t1 = cpu_s(), time.monotonic()
+            probes = len(store.probes())
+            samples = len(store.gpu_samples())
+        finally:
+            daemon.shutdown(timeout_s=5)
+            alerts.close()
+            store.close()
+            server.stdin.close()  # type: ignore[union-attr]
+            server.wait(timeout=10)
+    share = 100.0 * (c1 - c0) / (t1 - t0)
+    print(f"window            {t1 - t0:.0f} s after {args.warmup:.0f} s warm-up")
+    print(f"probes / samples  {probes} probes, {samples} GPU samples (2 GPUs)")
+    print(f"CPU               {share:.2f} % of one core   (target <= 1 %)")
+    print(
+        f"RSS               {r0:.1f} MB at start of window, peak {peak:.1f} MB   (target <= 80 MB)"
+    )
+
+
+if __name__ == "__main__":
+    main()
