@@ -1,0 +1,128 @@
+"""Controllers the heat lab can run in virtual time, and the registry that names them.
+
+A controller is anything with `interval_s` and `decide(now_s, observation) -> allowance`:
+every `interval_s` simulated seconds the lab hands it what a daemon beside a gateway would
+see (the chat TTFTs since the last decision, one NVML reading of the card, the batch job's
+in-flight count) and applies the allowance it returns (None: leave it as it is).
+
+Built in: `none` (no allowance: the batch job runs all its streams) and `static:N`.
+Another module registers its own with `register_controller("name", factory)`, or is named
+on the command line by import path: `--controller package.module:factory[:ARG]`. A factory
+is called as `factory(arg, context)` with the text after the colon (or None) and a
+`ControllerContext`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from watchdog.models import GpuSample
+
+
+class ControllerError(ValueError):
+    """A controller name or argument that cannot be used; one line, says what to give."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    now_s: float  # simulated seconds since the start
+    chat_ttfts_ms: tuple[float, ...]  # chat requests whose first token came since last time
+    gpu: GpuSample  # one NVML-style reading (violation times since the previous one)
+    batch_inflight: int  # batch requests running or queued in the engine
+    batch_waiting: int  # batch streams held back by the allowance
+    batch_demand: int  # streams the batch job wants in flight
+    allowance: int | None  # the allowance in force (None: no cap)
+    slo_ttft_ms: float  # the chat p95 TTFT target
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    slo_ttft_ms: float
+    max_allowance: int  # the batch job's demand at the start (a sensible ceiling)
+    engine_max_running: int
+
+
+class Controller(Protocol):
+    interval_s: float
+
+    def decide(self, now_s: float, obs: Observation) -> int | None: ...
+
+
+ControllerFactory = Callable[[str | None, ControllerContext], Controller]
+
+
+class NoControl:
+    """No allowance: every stream the batch job wants runs."""
+
+    interval_s = 60.0
+
+    def decide(self, now_s: float, obs: Observation) -> int | None:
+        return None
+
+
+class StaticAllowance:
+    """A fixed allowance, set once."""
+
+    interval_s = 60.0
+
+    def __init__(self, allowance: int) -> None:
+        self.allowance = allowance
+
+    def decide(self, now_s: float, obs: Observation) -> int | None:
+        return self.allowance
+
+
+def _none(arg: str | None, ctx: ControllerContext) -> Controller:
+    if arg:
+        raise ControllerError(f"controller 'none' takes no argument, got 'none:{arg}'")
+    return NoControl()
+
+
+def _static(arg: str | None, ctx: ControllerContext) -> Controller:
+    try:
+        n = int(arg or "")
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ControllerError(
+            f"controller 'static' needs a whole number ≥ 0, e.g. static:4 (got {arg!r})"
+        )
+    return StaticAllowance(n)
+
+
+_REGISTRY: dict[str, ControllerFactory] = {"none": _none, "static": _static}
+
+
+def register_controller(name: str, factory: ControllerFactory) -> None:
+    """Make `factory` available as `--controller name[:ARG]`."""
+    if not name or ":" in name or "." in name:
+        raise ControllerError(f"controller name {name!r} must be a plain word")
+    _REGISTRY[name] = factory
+
+
+def controller_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_controller(spec: str, ctx: ControllerContext) -> Controller:
+    """`none`, `static:4`, a registered `name[:ARG]`, or `package.module:factory[:ARG]`."""
+    name, _, arg = spec.partition(":")
+    if "." in name:
+        attr, _, arg = arg.partition(":")
+        try:
+            factory = getattr(importlib.import_module(name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ControllerError(
+                f"controller {spec!r}: cannot load {name}:{attr} ({exc})"
+            ) from exc
+    elif name in _REGISTRY:
+        factory = _REGISTRY[name]
+    else:
+        raise ControllerError(
+            f"unknown controller {name!r} (known: {', '.join(controller_names())}; "
+            "or give package.module:factory)"
+        )
+    return factory(arg or None, ctx)

@@ -1,0 +1,214 @@
+"""The engine and the GPU on one clock, with the scenario's schedule and the batch job.
+
+Pure like its parts: every method takes `now_s` (seconds since the lab started). The real-time
+lab (server.py) and the virtual-time runner (virtual.py) drive the same `World`, so a
+scenario behaves alike in both.
+
+Coupling: a running step puts its load on the GPU (load → power → heat), and a step's length
+follows the GPU's clock when it starts (heat → slower clocks → longer steps). The GPU is
+integrated in slices of at most GPU_TICK_S (with the mean load over the slice), which keeps
+two simulated hours cheap; a reader (fake NVML) forces an exact catch-up to its "now".
+
+The batch job: `batch_streams` is its demand (how many requests it wants in flight, each
+stream sending its next request `think_time_s` after the last one ended, and the job as a
+whole sending at most `max_requests_per_s`, the pace at which it can prepare documents;
+0 = no limit); the allowance (set
+by a controller through `set_allowance`, None = no limit) caps how many are admitted, as
+the project's gateway does. A request already running is never cut.
+"""
+
+from __future__ import annotations
+
+import random
+
+from watchdog.sim.engine import Engine, Request, StepPlan, StepResult
+from watchdog.sim.gpu import GpuSnapshot, SimGpu
+from watchdog.sim.scenario import ClassTraffic, Scenario
+
+GPU_TICK_S = 0.1
+
+
+class World:
+    def __init__(self, scenario: Scenario, *, seed: int = 0, thermal: bool = True) -> None:
+        self.scenario = scenario
+        self.gpu = SimGpu(scenario.gpu)
+        self.engine = Engine(scenario.engine)
+        self.thermal = thermal  # False: the card is held at its starting temperature ("cool")
+        self.rng = random.Random(seed)
+        self.t_s = 0.0  # the GPU is integrated up to here
+        self._pending = [0.0, 0.0, 0.0]  # seconds, busy seconds, load·seconds not yet applied
+        self._load = 0.0
+        self._next_event = 0  # index into scenario.schedule
+        self.batch_streams = scenario.batch.streams
+        self.allowance: int | None = None
+        self.chat_arrivals_per_s = scenario.chat.arrivals_per_s
+        self._batch_due: list[float] = []  # times at which a waiting stream may send again
+        self._batch_inflight: set[int] = set()
+        self._batch_next_ok_s = 0.0  # the job's own pace (max_requests_per_s) allows a send
+        self._ids = 0
+        self._fill_batch(0.0)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def advance(self, now_s: float, exact: bool = False) -> None:
+        """Bring the GPU and the schedule up to `now_s`; `exact` integrates every last bit."""
+        sched = self.scenario.schedule
+        while self._next_event < len(sched) and sched[self._next_event].at_s <= now_s:
+            ev = sched[self._next_event]
+            self._integrate(max(ev.at_s, self.t_s), exact=True)
+            self._next_event += 1
+            if ev.ambient_c is not None:
+                self.gpu.ambient_c = ev.ambient_c
+            if ev.power_limit_w is not None:
+                self.gpu.power_limit_w = ev.power_limit_w
+            if ev.power_brake is not None:
+                self.gpu.power_brake = ev.power_brake
+            if ev.chat_arrivals_per_s is not None:
+                self.chat_arrivals_per_s = ev.chat_arrivals_per_s
+            if ev.batch_streams is not None:
+                self.set_batch_streams(ev.batch_streams, ev.at_s)
+        self._integrate(now_s, exact)
+
+    def _integrate(self, to_s: float, exact: bool) -> None:
+        dt = to_s - self.t_s
+        if dt > 0:
+            busy = 1.0 if self._load > 0 else 0.0
+            self._pending[0] += dt
+            self._pending[1] += dt * busy
+            self._pending[2] += dt * self._load
+            self.t_s = to_s
+        span, busy_s, load_s = self._pending
+        if span <= 0 or (span < GPU_TICK_S and not exact):
+            return
+        self._pending = [0.0, 0.0, 0.0]
+        load = load_s / busy_s if busy_s > 0 else 0.0
+        if self.thermal:
+            self.gpu.step(span, load, busy_s / span)
+        else:
+            held = self.gpu.temp_c
+            self.gpu.step(span, load, busy_s / span)
+            self.gpu.temp_c = held
+
+    def next_schedule_s(self, after_s: float) -> float:
+        """The first schedule change after `after_s` (inf when none is left)."""
+        for ev in self.scenario.schedule[self._next_event :]:
+            if ev.at_s > after_s:
+                return ev.at_s
+        return float("inf")
+
+    def next_wakeup(self) -> float:
+        """The next time something happens that no step or request announces."""
+        t = float("inf")
+        sched = self.scenario.schedule
+        if self._next_event < len(sched):
+            t = sched[self._next_event].at_s
+        if self._batch_due and self._batch_room() > 0:
+            t = min(t, max(min(self._batch_due), self._batch_next_ok_s))
+        return t
+
+    # -- engine --------------------------------------------------------------------------------
+
+    def new_request(
+        self,
+        cls: str,
+        now_s: float,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> Request:
+        traffic = self.scenario.chat if cls == "chat" else self.scenario.batch
+        self._ids += 1
+        return Request(
+            id=self._ids,
+            cls=cls,
+            prompt_tokens=prompt_tokens or self._draw(traffic, "prompt"),
+            output_tokens=output_tokens or self._draw(traffic, "output"),
+            arrival_s=now_s,
+            priority=traffic.priority,
+        )
+
+    def _draw(self, traffic: ClassTraffic, what: str) -> int:
+        lo = getattr(traffic, f"{what}_tokens_min")
+        hi = getattr(traffic, f"{what}_tokens_max")
+        return self.rng.randint(lo, hi)
+
+    def submit(self, req: Request, now_s: float) -> None:
+        self.advance(now_s)
+        self.engine.submit(req)
+
+    def clock_ratio(self) -> float:
+        return self.gpu.sm_clock_active_mhz / self.scenario.gpu.sm_clock_max_mhz
+
+    def start_step(self, now_s: float) -> StepPlan | None:
+        """Start the engine's next step at `now_s` if it has work (None when idle)."""
+        self.poll(now_s)
+        plan = self.engine.start_step(now_s, self.clock_ratio())
+        self._load = plan.load if plan else 0.0
+        return plan
+
+    def finish_step(self) -> StepResult:
+        plan = self.engine.current
+        assert plan is not None
+        self.advance(plan.end_s)
+        res = self.engine.finish_step()
+        self._load = 0.0
+        ended = [r for r in res.finished if r.id in self._batch_inflight]
+        for req in ended:
+            self._batch_inflight.discard(req.id)
+        if ended:
+            self._fill_batch(plan.end_s + self.scenario.batch.think_time_s)
+        self.poll(plan.end_s)
+        return res
+
+    def snapshot(self, now_s: float) -> GpuSnapshot:
+        self.advance(now_s, exact=True)
+        return self.gpu.snapshot()
+
+    # -- the batch job ------------------------------------------------------------------
+
+    @property
+    def batch_inflight(self) -> int:
+        return len(self._batch_inflight)
+
+    @property
+    def batch_target(self) -> int:
+        if self.allowance is None:
+            return self.batch_streams
+        return min(self.batch_streams, self.allowance)
+
+    def _batch_room(self) -> int:
+        return self.batch_target - len(self._batch_inflight)
+
+    def set_batch_streams(self, n: int, now_s: float) -> None:
+        """The batch job's demand: how many requests it wants in flight."""
+        self.batch_streams = max(0, int(n))
+        self._fill_batch(now_s)
+
+    def set_allowance(self, n: int | None, now_s: float) -> None:
+        """The gateway's cap on batch requests in flight (None: no cap)."""
+        self.allowance = None if n is None else max(0, int(n))
+        self.poll(now_s)
+
+    def _fill_batch(self, now_s: float) -> None:
+        """Streams the job wants: one due entry per stream not in flight."""
+        want = self.batch_streams - len(self._batch_inflight)
+        while len(self._batch_due) < want:
+            self._batch_due.append(now_s)
+        while len(self._batch_due) > max(0, want):
+            self._batch_due.remove(max(self._batch_due))
+
+    def poll(self, now_s: float) -> None:
+        """Send the batch requests that are due and have room under the allowance."""
+        self.advance(now_s)
+        if not self._batch_due:
+            return
+        self._batch_due.sort()
+        rate = self.scenario.batch.max_requests_per_s
+        while self._batch_due and self._batch_due[0] <= now_s and self._batch_room() > 0:
+            if rate > 0:
+                if now_s < self._batch_next_ok_s:
+                    break
+                self._batch_next_ok_s = now_s + self.rng.expovariate(rate)
+            self._batch_due.pop(0)
+            req = self.new_request("batch", now_s)
+            self._batch_inflight.add(req.id)
+            self.engine.submit(req)
