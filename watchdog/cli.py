@@ -475,6 +475,7 @@ def history(
 def _register_commands() -> None:
     # The judging side's commands live in their own module; importing it adds them to `cli`.
     import watchdog.cli_judge  # noqa: F401
+    import watchdog.cli_lab  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,117 @@
+"""CLI commands that run things: `bench`, `demo`, and the `sim` and `gateway` groups."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from watchdog.cli import Fail, _api_key, _unreachable, cli, settings_from
+from watchdog.output import emit, listing_options
+from watchdog.sim.cli import sim
+
+cli.add_command(sim)
+
+BENCH_COLUMNS = [
+    "batch_streams",
+    "chat_probes",
+    "chat_failed",
+    "chat_p50_ms",
+    "chat_p95_ms",
+    "chat_max_ms",
+    "batch_requests_ok",
+    "batch_chars_per_s",
+]
+
+
+@cli.command()
+@click.option("--url", help="Server (or gateway) base URL (default: server.url).")
+@click.option("--model", help="Model name (default: server.model; 'auto' asks the server).")
+@click.option(
+    "--batch-streams",
+    default="0,2,4,7",
+    show_default=True,
+    help="Comma-separated batch concurrency levels to measure.",
+)
+@click.option("--duration", default="60s", show_default=True, help="Measuring time per level.")
+@click.option(
+    "--document-words",
+    default=700,
+    show_default=True,
+    type=click.IntRange(10),
+    help="Size of each batch request's document.",
+)
+@listing_options
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    url: str | None,
+    model: str | None,
+    batch_streams: str,
+    duration: str,
+    document_words: int,
+    fmt: str,
+) -> None:
+    """Chat TTFT p50/p95 and batch throughput at each batch concurrency, on your server.
+
+    The curve to choose a batch allowance from: sends real extraction-style batch requests
+    (long documents, X-Traffic-Class: batch) while canary chat probes measure TTFT.
+    """
+    from watchdog.bench import run_bench
+    from watchdog.daemon import probe_options
+    from watchdog.durations import parse_duration
+    from watchdog.engine import detect_engine
+    from watchdog.probe import Prober
+    from watchdog.probeset import ProbeSetError, load_probe_set
+
+    settings = settings_from(ctx)
+    try:
+        levels = [int(x) for x in batch_streams.split(",") if x.strip()]
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}; e.g. --batch-streams 0,2,4 --duration 60s") from None
+    if not levels or min(levels) < 0:
+        raise click.BadParameter("--batch-streams needs levels >= 0, e.g. 0,2,4,7")
+    server = replace(
+        settings.server, url=url or settings.server.url, model=model or settings.server.model
+    )
+    settings = replace(settings, server=server)
+    try:
+        pset = load_probe_set(settings.probe.probe_set)
+    except ProbeSetError as exc:
+        raise Fail(str(exc)) from None
+    api_key = _api_key(settings)
+    info = detect_engine(server.url, api_key=api_key)
+    if info.engine == "unreachable":
+        raise Fail(_unreachable(server.url, info))
+    chosen = server.model if server.model != "auto" else (info.models or ("default",))[0]
+    engine = server.engine if server.engine != "auto" else info.engine
+
+    def progress(row: Any) -> None:
+        if fmt == "table":
+            p95 = f"{row.chat_p95_ms:.0f} ms" if row.chat_p95_ms is not None else "-"
+            click.echo(
+                f"# batch {row.batch_streams}: chat p95 {p95}, batch "
+                f"{row.batch_chars_per_s:.0f} chars/s",
+                err=True,
+            )
+
+    with Prober(server.url, chosen, probe_options(settings, engine), api_key=api_key) as prober:
+        rows = run_bench(
+            prober,
+            pset,
+            server.url,
+            chosen,
+            levels,
+            seconds,
+            words=document_words,
+            api_key=api_key,
+            progress=progress,
+        )
+    emit([r.as_dict() for r in rows], BENCH_COLUMNS, fmt)
+
+
+def _now() -> float:
+    return time.time()
