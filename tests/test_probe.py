@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +11,6 @@ import httpx
 import pytest
 
 from tests.streamserver import StreamServer, closed_port_url, unanswering_port
-from watchdog.engine import detect_engine, resolve_model
 from watchdog.models import ERROR_CLASSES, ProbeResult
 from watchdog.probe import ProbeOptions, Prober
 from watchdog.probeset import Prompt, load_probe_set
@@ -475,36 +472,3 @@ def test_probe_options_are_checked(kw: dict[str, object], message: str) -> None:
 def test_bad_base_url_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="must look like http://HOST:PORT"):
         Prober("localhost:8000", "m")
-
-
-# -- against a real llama.cpp server, when one is given ----------------------------------------
-
-REAL_URL = os.environ.get("LLM_WATCHDOG_LLAMA_URL")
-
-
-@pytest.mark.real_engine
-@pytest.mark.slow
-@pytest.mark.skipif(not REAL_URL, reason="set LLM_WATCHDOG_LLAMA_URL to a running llama-server")
-def test_real_llamacpp_default_set_cache_modes_and_keepalive() -> None:
-    assert REAL_URL is not None
-    info = detect_engine(REAL_URL)
-    assert info.engine == "llamacpp", info
-    model = resolve_model(REAL_URL)
-    ps = load_probe_set("default")
-    with Prober(REAL_URL, model, ProbeOptions()) as prober:  # system nonce, no engine hint
-        rounds = [prober.probe(p, ps.name) for _ in range(8) for p in ps.prompts]
-    assert all(r.cache_bust == "system_nonce" for r in rounds)
-    assert sum(bool(r.ok and r.quality_pass) for r in rounds) >= 39, [
-        (r.prompt_id, r.error_class, r.answer) for r in rounds if not (r.ok and r.quality_pass)
-    ]
-    # every failure a result, and a kept-alive connection the server dropped is retried
-    assert {r.connection for r in rounds} <= {"fresh", "reused", "retried_stale"}
-
-    prompt = ps.prompts[0]
-    ttft: dict[str, float] = {}
-    for mode in ("bust", "cached"):
-        with Prober(REAL_URL, model, ProbeOptions(cache_mode=mode, engine="llamacpp")) as prober:
-            results = [prober.probe(prompt, ps.name) for _ in range(8)]
-        assert all(r.ok and r.quality_pass for r in results)
-        ttft[mode] = statistics.median(r.ttft_ms or 0.0 for r in results[2:])
-    assert ttft["cached"] < 0.5 * ttft["bust"], ttft  # measured here: 14 ms vs 238 ms
