@@ -1,0 +1,411 @@
+"""Gateway overhead: the same SSE streams direct to the engine, through the gateway
+(and through HAProxy when it is installed), over loopback.
+
+Three processes: a minimal asyncio SSE engine (so the engine is never what is measured),
+the gateway (`llm-watchdog gateway`, one asyncio event loop: one core at most), and this
+script as the client, on raw asyncio sockets with keep-alive connections.
+
+- Added TTFT: client-side time from writing the request to the first body chunk, at 1, 16
+  and 64 concurrent streams; the gateway's p50/p99 minus the direct p50/p99.
+- Relay rate: 64 streams paced like token output, so each SSE event is its own chunk. The
+  events relayed per CPU-second of the gateway process is its capacity on one core; a
+  saturated run (engine writes as fast as it can) is shown beside it.
+- Memory per open stream: the gateway's RSS growth with N streams held open, / N.
+
+    .venv/bin/python tests/benchmarks/bench_gateway.py [--quick] [--no-haproxy]
+
+On a shared machine the figures move from run to run; the script says how busy the
+machine was (1-minute load average) beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EVENT = (
+    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,'
+    b'"model":"bench","choices":[{"index":0,"delta":{"content":" token"},'
+    b'"finish_reason":null}]}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+BODY = json.dumps(
+    {
+        "model": "bench",
+        "messages": [{"role": "user", "content": "Say something."}],
+        "stream": True,
+        "max_tokens": 16,
+    }
+).encode()
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+# -- the engine stand-in -----------------------------------------------------------------
+
+
+async def _engine_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One keep-alive connection: POST ...?events=N&interval_ms=X&hold_s=Y -> SSE."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            target = lines[0].split(b" ")[1].decode()
+            length = 0
+            for line in lines[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if length:
+                await reader.readexactly(length)
+            q = parse_qs(urlsplit(target).query)
+            events = int(q.get("events", ["8"])[0])
+            interval_s = float(q.get("interval_ms", ["0"])[0]) / 1000
+            hold_s = float(q.get("hold_s", ["0"])[0])
+            writer.write(HEAD + chunk(EVENT))  # headers and the first event at once
+            for _ in range(events - 1):
+                if interval_s:
+                    await asyncio.sleep(interval_s)
+                writer.write(chunk(EVENT))
+                await writer.drain()
+            if hold_s:
+                await asyncio.sleep(hold_s)
+            writer.write(chunk(DONE) + b"0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _serve_engine() -> None:
+    server = await asyncio.start_server(_engine_conn, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -- the client --------------------------------------------------------------------------
+
+
+class Conn:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def stream(self, query: str, on_first: asyncio.Event | None = None) -> tuple[float, int]:
+        """One streamed request; (TTFT seconds, SSE events received)."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        request = (
+            b"POST /v1/chat/completions?%s HTTP/1.1\r\nhost: bench\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        ) % (query.encode(), len(BODY), BODY)
+        sent = time.perf_counter()
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"unexpected answer: {head[:80]!r}")
+        first = 0.0
+        events = 0
+        rest = b""
+        while True:
+            size = int((await self.reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                await self.reader.readline()
+                break
+            data = await self.reader.readexactly(size + 2)
+            if not first:
+                first = time.perf_counter()
+                if on_first is not None:
+                    on_first.set()
+            rest += data[:-2]
+            events += rest.count(b"\n\n")
+            rest = rest[rest.rfind(b"\n\n") + 2 :] if b"\n\n" in rest else rest
+        return first - sent, events
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def ttft_run(port: int, concurrency: int, per_worker: int, query: str) -> list[float]:
+    conns = [Conn(port) for _ in range(concurrency)]
+    for c in conns:  # connect and warm each connection (and the gateway's pool) first
+        await c.stream("events=2")
+    out: list[float] = []
+
+    async def worker(c: Conn) -> None:
+        for _ in range(per_worker):
+            ttft, _ = await c.stream(query)
+            out.append(ttft)
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    for c in conns:
+        c.close()
+    return out
+
+
+async def relay_run(port: int, streams: int, events: int, interval_ms: float) -> tuple[int, float]:
+    conns = [Conn(port) for _ in range(streams)]
+    for c in conns:
+        await c.stream("events=2")
+    started = time.perf_counter()
+    results = await asyncio.gather(
+        *(c.stream(f"events={events}&interval_ms={interval_ms}") for c in conns)
+    )
+    wall = time.perf_counter() - started
+    for c in conns:
+        c.close()
+    return sum(n for _, n in results), wall
+
+
+async def hold_open(port: int, n: int, hold_s: float, proc: psutil.Process) -> float:
+    """RSS growth in bytes per stream with `n` streams held open at once."""
+    warm = [Conn(port) for _ in range(8)]
+    await asyncio.gather(*(c.stream("events=2") for c in warm))
+    for c in warm:
+        c.close()
+    await asyncio.sleep(0.3)
+    before = proc.memory_info().rss
+    firsts = [asyncio.Event() for _ in range(n)]
+    conns = [Conn(port) for _ in range(n)]
+    tasks = [
+        asyncio.ensure_future(c.stream(f"events=1&hold_s={hold_s}", on_first=e))
+        for c, e in zip(conns, firsts, strict=True)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 30)
+    await asyncio.sleep(0.3)
+    during = proc.memory_info().rss
+    await asyncio.gather(*tasks)
+    for c in conns:
+        c.close()
+    return (during - before) / n
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+@contextmanager
+def engine_process() -> Iterator[int]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-engine"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@contextmanager
+def gateway_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_WATCHDOG")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from watchdog.gateway.cli import gateway; gateway()",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            f"http://127.0.0.1:{engine_port}",
+            "--log-level",
+            "info",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stderr is not None
+    port = 0
+    while not port:
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError("the gateway did not start")
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        port = int(found.group(1)) if found else 0
+    try:
+        yield port, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        proc.stderr.close()
+
+
+@contextmanager
+def haproxy_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
+    with socket_port() as port, tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "haproxy.cfg"
+        cfg.write_text(
+            "global\n  nbthread 1\n  maxconn 4096\n"
+            "defaults\n  mode http\n  option http-no-delay\n  timeout connect 5s\n"
+            "  timeout client 60s\n  timeout server 60s\n"
+            f"frontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\n"
+            f"backend be\n  server engine 127.0.0.1:{engine_port} maxconn 1000\n"
+        )
+        proc = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while not _listening(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("haproxy did not start")
+                time.sleep(0.05)
+            yield port, psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+@contextmanager
+def socket_port() -> Iterator[int]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield port
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--no-haproxy", action="store_true")
+    parser.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_engine:
+        asyncio.run(_serve_engine())
+        return
+
+    scale = 0.2 if args.quick else 1.0
+    # concurrency -> (requests per client, query). One stream alone: short answers, many
+    # samples. Many streams: answers paced like an engine at 50 tokens/s per stream (16
+    # events 20 ms apart), so 64 streams offer ~3,400 events/s, a busy GPU's worth.
+    levels = {
+        1: (int(400 * scale), "events=2"),
+        16: (max(2, int(25 * scale)), "events=16&interval_ms=20"),
+        64: (max(2, int(10 * scale)), "events=16&interval_ms=20"),
+    }
+    use_haproxy = not args.no_haproxy and shutil.which("haproxy") is not None
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (1 min)")
+
+    with ExitStack() as stack:
+        engine_port = stack.enter_context(engine_process())
+        gw_port, gw_proc = stack.enter_context(gateway_process(engine_port))
+        proxies: dict[str, tuple[int, psutil.Process | None]] = {
+            "direct": (engine_port, None),
+            "gateway": (gw_port, gw_proc),
+        }
+        if use_haproxy:
+            proxies["haproxy"] = stack.enter_context(haproxy_process(engine_port))
+        report(proxies, levels, scale)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def report(
+    proxies: dict[str, tuple[int, psutil.Process | None]],
+    levels: dict[int, tuple[int, str]],
+    scale: float,
+) -> None:
+    print("\nTTFT, client side (request written -> first body chunk), milliseconds;")
+    print("cpu us/req: the proxy process's CPU time (user+sys) per request in that run")
+    print(
+        f"{'streams':>7} {'path':>8} {'n':>5} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
+        f"{'cpu us/req':>10}"
+    )
+    for concurrency, (per_worker, query) in levels.items():
+        base: tuple[float, float] | None = None
+        for name, (port, proc) in proxies.items():
+            before = cpu_s(proc) if proc else 0.0
+            ttfts = asyncio.run(ttft_run(port, concurrency, per_worker, query))
+            cpu = f"{(cpu_s(proc) - before) / len(ttfts) * 1e6:.0f}" if proc else ""
+            p50, p99 = pct(ttfts, 0.50) * 1000, pct(ttfts, 0.99) * 1000
+            if base is None:
+                base = (p50, p99)
+                added = ("", "")
+            else:
+                added = (f"{p50 - base[0]:+.3f}", f"{p99 - base[1]:+.3f}")
+            print(
+                f"{concurrency:>7} {name:>8} {len(ttfts):>5} {p50:>7.3f} {p99:>7.3f} "
+                f"{added[0]:>7} {added[1]:>7} {cpu:>10}"
+            )
+
+    print("\nRelay, 64 streams; events per CPU-second of the proxy process (one event loop)")
+    print(f"{'mode':>10} {'path':>8} {'events':>7} {'wall/s':>8} {'cpu s':>6} {'per cpu-s':>9}")
+    events = int(400 * scale)
+    for mode, interval_ms in (("paced 5ms", 5.0), ("saturated", 0.0)):
+        for name, (port, proc) in proxies.items():
+            if proc is None:
+                continue
+            before = cpu_s(proc)
+            n, wall = asyncio.run(relay_run(port, 64, events, interval_ms))
+            used = cpu_s(proc) - before
+            print(
+                f"{mode:>10} {name:>8} {n:>7} {n / wall:>8.0f} {used:>6.2f} "
+                f"{n / used if used else float('nan'):>9.0f}"
+            )
+
+    print("\nMemory per open stream (RSS growth with the streams held open)")
+    n_open = 256
+    for name, (port, proc) in proxies.items():
+        if proc is None:
+            continue
+        per = asyncio.run(hold_open(port, n_open, 2.0, proc))
+        print(f"{name:>8}: {per / 1024:.1f} KiB per stream ({n_open} open)")
+    print(f"(one SSE event is {len(EVENT)} bytes on the wire)")
+
+
+if __name__ == "__main__":
+    main()

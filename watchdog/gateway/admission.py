@@ -1,0 +1,167 @@
+"""Who may go upstream now: the allowance with its lease, and a FIFO queue per class.
+
+`Allowance` is pure: it takes `now` and returns what changed, so a lease can be tested
+without a clock. `ClassGate` is the asyncio shell around it: it counts requests in flight,
+parks the ones over the allowance in FIFO order, and wakes them as places free up.
+
+A class without an allowance (chat) is never queued: its gate only counts. Lowering the
+allowance under the in-flight count stops nothing that runs; new requests wait until
+enough have finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+Outcome = Literal["admitted", "timeout", "full"]
+
+
+@dataclass
+class Change:
+    """One change of an allowance, for the log and for GET /control."""
+
+    ts: float  # wall clock, unix seconds
+    kind: str  # "set" or "lease_expired"
+    before: int
+    after: int
+    lease_s: float | None
+    reason: str
+
+    def to_dict(self, cls: str) -> dict[str, object]:
+        return {
+            "ts": self.ts,
+            "class": cls,
+            "kind": self.kind,
+            "allowance_before": self.before,
+            "allowance_after": self.after,
+            "lease_s": self.lease_s,
+            "reason": self.reason,
+        }
+
+
+class Allowance:
+    """A concurrency allowance in [0, ceiling] that falls back to its default when a lease ends.
+
+    `now` is monotonic seconds (for the lease), `wall` is unix seconds (for what is shown).
+    """
+
+    def __init__(self, default: int, ceiling: int) -> None:
+        self.default = default
+        self.ceiling = ceiling
+        self.value = default
+        self.lease_ends: float | None = None  # monotonic
+        self.lease_expires_at: float | None = None  # unix seconds, for readers
+        self.reason: str | None = None
+        self.set_at: float | None = None
+
+    def set(
+        self, value: int, lease_s: float | None, reason: str, now: float, wall: float
+    ) -> Change:
+        if not 0 <= value <= self.ceiling:
+            raise ValueError(f"allowance must be an integer in [0, {self.ceiling}], got {value}")
+        before = self.value
+        self.value = value
+        self.lease_ends = None if lease_s is None else now + lease_s
+        self.lease_expires_at = None if lease_s is None else wall + lease_s
+        self.reason = reason
+        self.set_at = wall
+        return Change(wall, "set", before, value, lease_s, reason)
+
+    def expire(self, now: float, wall: float) -> Change | None:
+        """Back to the default if the lease has run out at `now`; the change, else None."""
+        if self.lease_ends is None or now < self.lease_ends:
+            return None
+        before = self.value
+        reason = self.reason or ""
+        self.value = self.default
+        self.lease_ends = None
+        self.lease_expires_at = None
+        self.reason = None
+        self.set_at = wall
+        return Change(wall, "lease_expired", before, self.default, None, reason)
+
+    def seconds_left(self, now: float) -> float | None:
+        return None if self.lease_ends is None else max(0.0, self.lease_ends - now)
+
+
+class ClassGate:
+    """In-flight count and FIFO wait queue of one class. Use from one event loop only."""
+
+    def __init__(
+        self,
+        name: str,
+        allowance: Allowance | None,
+        max_queue_wait_s: float | None,
+        max_queued: int,
+    ) -> None:
+        self.name = name
+        self.allowance = allowance  # None: never limited, never queued
+        self.max_queue_wait_s = max_queue_wait_s
+        self.max_queued = max_queued
+        self.inflight = 0
+        self._queue: deque[asyncio.Future[bool]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def _has_room(self) -> bool:
+        return self.allowance is None or self.inflight < self.allowance.value
+
+    async def acquire(self) -> Outcome:
+        """Take a place: at once if there is room and nobody waits, else wait in line.
+
+        Returns "admitted" (the caller must `release()` later), "timeout" when the wait
+        ran past max_queue_wait_s, or "full" when the queue already holds max_queued.
+        Cancelling the caller (its client went away) gives its place in line back.
+        """
+        if self._has_room() and not self._queue:
+            self.inflight += 1
+            return "admitted"
+        wait_s = self.max_queue_wait_s or 0.0
+        if wait_s <= 0:
+            return "timeout"
+        if len(self._queue) >= self.max_queued:
+            return "full"
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._queue.append(fut)
+        timer = loop.call_later(wait_s, self._give_up, fut)
+        try:
+            granted = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result():
+                self.release()  # granted just as the client left: pass the place on
+            else:
+                self._discard(fut)
+            raise
+        finally:
+            timer.cancel()
+        return "admitted" if granted else "timeout"
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Admit waiters, oldest first, while there is room (after a release or a raise)."""
+        while self._queue and self._has_room():
+            fut = self._queue.popleft()
+            if fut.done():
+                continue
+            self.inflight += 1
+            fut.set_result(True)
+
+    def _give_up(self, fut: asyncio.Future[bool]) -> None:
+        if not fut.done():
+            self._discard(fut)
+            fut.set_result(False)
+
+    def _discard(self, fut: asyncio.Future[bool]) -> None:
+        try:
+            self._queue.remove(fut)
+        except ValueError:
+            pass

@@ -1,0 +1,264 @@
+"""The gateway's state and the Starlette app around it.
+
+`Gateway` holds what lives as long as the server: one gate per class, the observer, the
+connections to the engines (upstream.py), and the lease timer. `create_app(config)` wires
+it into a Starlette app whose lifespan closes the connections at the end. The control API
+and /metrics answer from here (see control.py); every other path goes to the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from watchdog.gateway import control
+from watchdog.gateway.admission import Allowance, Change, ClassGate
+from watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
+from watchdog.gateway.observe import Observer
+from watchdog.gateway.proxy import Proxy, retry_after_from
+from watchdog.gateway.upstream import Upstream
+
+log = logging.getLogger("watchdog.gateway")
+
+
+class Gateway:
+    """Everything one running gateway knows. Methods run on the server's event loop."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.wall = wall
+        self.gates = {
+            CHAT: ClassGate(CHAT, None, None, 0),
+            BATCH: ClassGate(
+                BATCH,
+                Allowance(config.batch_default_allowance, config.batch_ceiling),
+                config.max_queue_wait_s,
+                config.max_queued,
+            ),
+        }
+        self.observer = Observer(CLASSES, config.ttft_ring_size)
+        self.changes: deque[dict[str, object]] = deque(maxlen=100)
+        self.lease_expirations = dict.fromkeys(CLASSES, 0)
+        self.control_changes = dict.fromkeys(CLASSES, 0)
+        self._lease_timers: dict[str, asyncio.TimerHandle] = {}
+        self.primary: Upstream
+        self.secondary: Upstream | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        self.primary = Upstream(config.upstream_url, config)
+        if config.secondary_upstream_url:
+            self.secondary = Upstream(config.secondary_upstream_url, config)
+
+    async def close(self) -> None:
+        for timer in self._lease_timers.values():
+            timer.cancel()
+        await self.primary.aclose()
+        if self.secondary is not None:
+            await self.secondary.aclose()
+
+    # -- control -------------------------------------------------------------------------
+
+    def authorized(self, header: str | None) -> bool:
+        """Bearer token check in constant time; no token configured means no one is."""
+        token = self.config.control_token
+        if not token or not header:
+            return False
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(given.strip().encode(), token.encode())
+
+    def set_allowance(self, cls: str, value: int, lease_s: float | None, reason: str) -> None:
+        gate = self.gates[cls]
+        assert gate.allowance is not None
+        change = gate.allowance.set(value, lease_s, reason, self.clock(), self.wall())
+        self._record(cls, change)
+        self.control_changes[cls] += 1
+        lease = "no lease" if lease_s is None else f"lease {lease_s:g} s"
+        log.info(
+            "%s allowance %d -> %d (%s): %s", cls, change.before, change.after, lease, reason or "-"
+        )
+        old = self._lease_timers.pop(cls, None)
+        if old is not None:
+            old.cancel()
+        if lease_s is not None:
+            self._arm_lease_timer(cls, lease_s)
+        gate.wake()  # a raise lets queued requests in now
+
+    def _arm_lease_timer(self, cls: str, delay_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._lease_timers[cls] = loop.call_later(delay_s, self._on_lease_timer, cls)
+
+    def _on_lease_timer(self, cls: str) -> None:
+        self._lease_timers.pop(cls, None)
+        allowance = self.gates[cls].allowance
+        assert allowance is not None
+        if not self.expire_leases():
+            left = allowance.seconds_left(self.clock())
+            if left is not None:  # the loop's timer fired a hair before our clock agreed
+                self._arm_lease_timer(cls, left + 0.001)
+
+    def expire_leases(self) -> bool:
+        """Restore the default where a lease has run out; True if any did."""
+        expired = False
+        for cls, gate in self.gates.items():
+            if gate.allowance is None:
+                continue
+            change = gate.allowance.expire(self.clock(), self.wall())
+            if change is None:
+                continue
+            expired = True
+            self._record(cls, change)
+            self.lease_expirations[cls] += 1
+            log.info(
+                "%s allowance lease ran out: %d -> default %d (it was set for: %s)",
+                cls,
+                change.before,
+                change.after,
+                change.reason or "-",
+            )
+            timer = self._lease_timers.pop(cls, None)
+            if timer is not None:
+                timer.cancel()
+            gate.wake()
+        return expired
+
+    def _record(self, cls: str, change: Change) -> None:
+        self.changes.append(change.to_dict(cls))
+
+    def retry_after_s(self, cls: str) -> int:
+        gate = self.gates[cls]
+        allowance = gate.allowance
+        if allowance is None:
+            return 1
+        left = allowance.seconds_left(self.clock())
+        return retry_after_from(gate.max_queue_wait_s or 0.0, left, allowance.value)
+
+    def priority_for(self, cls: str) -> int | None:
+        rank = self.config.priorities.get(cls)
+        if rank is None:
+            return None
+        return -rank if self.config.priority_higher_first else rank
+
+    # -- what readers see ----------------------------------------------------------------
+
+    def class_state(self, cls: str) -> dict[str, Any]:
+        gate = self.gates[cls]
+        a = gate.allowance
+        return {
+            "allowance": None if a is None else a.value,
+            "default_allowance": None if a is None else a.default,
+            "ceiling": None if a is None else a.ceiling,
+            "inflight": gate.inflight,
+            "queued": gate.queued,
+            "max_queue_wait_s": gate.max_queue_wait_s,
+            "lease_expires_at": None if a is None else a.lease_expires_at,
+            "reason": None if a is None else a.reason,
+            "set_at": None if a is None else a.set_at,
+            "observed": self.observer[cls].summary(self.wall(), self.config.observed_window_s),
+        }
+
+    def control_state(self) -> dict[str, Any]:
+        self.expire_leases()
+        return {
+            "now": self.wall(),
+            "default_class": self.config.default_class,
+            "upstream": self.config.upstream_url,
+            "secondary_upstream": self.config.secondary_upstream_url,
+            "classes": {cls: self.class_state(cls) for cls in CLASSES},
+            "changes": list(self.changes)[-20:],
+        }
+
+    def ttft_since(self, cls: str, since: float) -> list[tuple[float, float]]:
+        """(unix seconds, TTFT ms) of streamed answers whose first chunk came after `since`."""
+        return self.observer[cls].ttft_since(since)
+
+    def metrics_text(self) -> str:
+        self.expire_leases()
+        gauges: dict[str, dict[str, float | None]] = {
+            "inflight": {},
+            "queued": {},
+            "allowance": {},
+            "allowance_default": {},
+            "allowance_ceiling": {},
+            "lease_expires_timestamp_seconds": {},
+            "lease_expirations_total": {},
+            "control_changes_total": {},
+        }
+        for cls, gate in self.gates.items():
+            gauges["inflight"][cls] = gate.inflight
+            gauges["queued"][cls] = gate.queued
+            a = gate.allowance
+            if a is not None:
+                gauges["allowance"][cls] = a.value
+                gauges["allowance_default"][cls] = a.default
+                gauges["allowance_ceiling"][cls] = a.ceiling
+                gauges["lease_expires_timestamp_seconds"][cls] = a.lease_expires_at
+                gauges["lease_expirations_total"][cls] = self.lease_expirations[cls]
+                gauges["control_changes_total"][cls] = self.control_changes[cls]
+        return self.observer.prometheus(gauges)
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    """The gateway as an ASGI app; `app.state.gateway` is its `Gateway`."""
+    gateway = Gateway(config)
+    proxy = Proxy(gateway)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    routes = [
+        Route("/control", control.get_control, methods=["GET"]),
+        Route("/control/observed", control.get_observed, methods=["GET"]),
+        Route("/control/classes/{name}", control.get_class, methods=["GET"]),
+        Route("/control/classes/{name}", control.put_class, methods=["PUT"]),
+        Route("/metrics", control.get_metrics, methods=["GET"]),
+    ]
+    app = GatewayApp(proxy, routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
+
+
+class GatewayApp(Starlette):
+    """Starlette for the gateway's own paths; every other request goes to the proxy directly.
+
+    The proxy skips Starlette's router and its two middlewares, which wrap `send` and so
+    cost a call on every relayed chunk. Its own paths are /control... and /metrics; an
+    engine's /metrics is read on the engine itself.
+    """
+
+    def __init__(self, proxy: Proxy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.proxy = proxy
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not is_own_path(scope["path"]):
+            await self.proxy(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+def is_own_path(path: str) -> bool:
+    return path == "/metrics" or path == "/control" or path.startswith("/control/")

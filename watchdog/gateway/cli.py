@@ -1,0 +1,190 @@
+"""`llm-watchdog gateway`: run the gateway in the foreground until SIGTERM or SIGINT.
+
+Every option can also come from the environment (LLM_WATCHDOG_GATEWAY_<OPTION>). Secrets
+never come from the command line: the control token from --token-file or
+LLM_WATCHDOG_GATEWAY_TOKEN, API keys for the class map from --key-classes-file.
+Exit codes: 0 stopped by a signal, 1 cannot listen, 2 bad option, 78 unreadable secret file.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from watchdog.durations import parse_duration
+from watchdog.gateway.config import CLASSES, TOKEN_ENV, GatewayConfig, read_token
+from watchdog.gateway.server import ListenError, serve
+from watchdog.logs import setup_logging
+
+EX_CONFIG = 78
+
+log = logging.getLogger("watchdog.gateway")
+
+
+class _ConfigFail(click.ClickException):
+    exit_code = EX_CONFIG
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"llm-watchdog gateway: {self.message}", err=True)
+
+
+class _Fail(_ConfigFail):
+    exit_code = 1
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:PORT); a bare PORT listens on 127.0.0.1."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT like 127.0.0.1:8090, got {text!r}")
+    return host, int(port)
+
+
+def read_key_classes(path: str) -> dict[str, str]:
+    """Lines `KEY = CLASS` (# starts a comment): which API key belongs to which class."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read key-classes file {path} ({exc.strerror}): create it (mode 0600) "
+            "with lines like `sk-batch-job = batch`"
+        ) from exc
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, cls = (part.strip() for part in line.partition("="))
+        if not sep or not key or cls not in CLASSES:
+            raise ValueError(
+                f"{path}:{number}: expected `KEY = CLASS` with CLASS one of {', '.join(CLASSES)}"
+            )
+        out[key] = cls
+    return out
+
+
+def _priorities(values: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in values:
+        cls, sep, num = item.partition("=")
+        try:
+            out[cls.strip()] = int(num)
+        except ValueError:
+            raise click.BadParameter(
+                f"expected CLASS=INTEGER like batch=10, got {item!r}", param_hint="--priority"
+            ) from None
+        if not sep or cls.strip() not in CLASSES:
+            raise click.BadParameter(
+                f"expected CLASS=INTEGER with CLASS one of {', '.join(CLASSES)}, got {item!r}",
+                param_hint="--priority",
+            )
+    return out
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("gateway", context_settings={"auto_envvar_prefix": "LLM_WATCHDOG_GATEWAY"})
+@click.option("--listen", default="127.0.0.1:8090", show_default=True, help="HOST:PORT to bind.")
+@click.option(
+    "--upstream", default="http://127.0.0.1:8000", show_default=True, help="Engine root URL."
+)
+@click.option("--secondary-upstream", default=None, help="Where batch goes instead of a 429.")
+@click.option("--default-class", type=click.Choice(CLASSES), default="chat", show_default=True)
+@click.option("--batch-allowance", type=int, default=8, show_default=True)
+@click.option("--batch-ceiling", type=int, default=64, show_default=True)
+@click.option(
+    "--max-queue-wait", default="30s", show_default=True, callback=_duration, help="e.g. 30s, 2m."
+)
+@click.option("--max-queued", type=int, default=1024, show_default=True)
+@click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
+@click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
+@click.option("--token-file", default=None, help=f"Control token file (else ${TOKEN_ENV}).")
+@click.option("--key-classes-file", default=None, help="Lines `API_KEY = CLASS`.")
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
+)
+def gateway(
+    listen: str,
+    upstream: str,
+    secondary_upstream: str | None,
+    default_class: str,
+    batch_allowance: int,
+    batch_ceiling: int,
+    max_queue_wait: float,
+    max_queued: int,
+    priorities: tuple[str, ...],
+    priority_higher_first: bool,
+    token_file: str | None,
+    key_classes_file: str | None,
+    log_level: str,
+) -> None:
+    """Class-aware OpenAI-compatible proxy in front of the engine, with a control API."""
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    try:
+        token = read_token(token_file)
+        key_classes = read_key_classes(key_classes_file) if key_classes_file else {}
+    except ValueError as exc:
+        raise _ConfigFail(str(exc)) from None
+    try:
+        config = GatewayConfig(
+            upstream_url=upstream,
+            listen_host=host,
+            listen_port=port,
+            secondary_upstream_url=secondary_upstream,
+            default_class=default_class,
+            key_classes=key_classes,
+            batch_default_allowance=batch_allowance,
+            batch_ceiling=batch_ceiling,
+            max_queue_wait_s=max_queue_wait,
+            max_queued=max_queued,
+            priorities=_priorities(priorities),
+            priority_higher_first=priority_higher_first,
+            control_token=token,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    setup_logging(log_level)
+    raise SystemExit(run(config))
+
+
+def run(config: GatewayConfig) -> int:
+    """Serve `config` in the foreground; the exit code (0 after SIGTERM/SIGINT, 1 no bind)."""
+    try:
+        serve(config, on_listening=_announce)
+    except ListenError as exc:
+        raise _Fail(str(exc)) from None
+    return 0
+
+
+def _announce(url: str, config: GatewayConfig) -> None:
+    if config.listen_host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "listening on %s, not loopback: anyone who can reach it can use the engine "
+            "through it; put it behind a firewall or listen on 127.0.0.1",
+            config.listen_host,
+        )
+    token = "set" if config.control_token else f"not set, changes refused (set ${TOKEN_ENV})"
+    log.info(
+        "gateway listening on %s -> %s; batch allowance %d (ceiling %d, queue wait %g s); "
+        "control token %s",
+        url,
+        config.upstream_url,
+        config.batch_default_allowance,
+        config.batch_ceiling,
+        config.max_queue_wait_s,
+        token,
+    )

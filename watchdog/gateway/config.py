@@ -1,0 +1,147 @@
+"""Settings of the gateway: a frozen dataclass that only holds values.
+
+The TOML `[gateway]` section and the `gateway` command both fill a `GatewayConfig`;
+`__post_init__` rejects what cannot work, with one line naming the field and what to use.
+The control token is a secret: it is read from a file or an environment variable
+(`read_token`), never taken from a command line, and never shown by `repr`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+CHAT = "chat"
+BATCH = "batch"
+CLASSES = (CHAT, BATCH)
+
+TOKEN_ENV = "LLM_WATCHDOG_GATEWAY_TOKEN"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the gateway listens on, where it forwards, and how it treats each class."""
+
+    upstream_url: str = "http://127.0.0.1:8000"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8090
+    # Where batch goes when its queue wait runs out, instead of a 429 (None: reject).
+    secondary_upstream_url: str | None = None
+    default_class: str = CHAT
+    # API key (the bearer token a client sends) -> class. Keys are secrets: not in repr.
+    key_classes: Mapping[str, str] = field(default_factory=dict, repr=False)
+    batch_default_allowance: int = 8
+    batch_ceiling: int = 64
+    max_queue_wait_s: float = 30.0
+    # Batch requests waiting at once; one more is rejected at once (memory stays bounded).
+    max_queued: int = 1024
+    # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
+    priorities: Mapping[str, int] = field(default_factory=dict)
+    priority_field: str = "priority"
+    # SGLang without --schedule-low-priority-values-first runs higher values first:
+    # set this and the injected value is negated, so the ranks above keep their meaning.
+    priority_higher_first: bool = False
+    control_token: str | None = field(default=None, repr=False)
+    upstream_connect_timeout_s: float = 10.0
+    # Silence allowed between two chunks of an upstream answer; a long prefill is silent.
+    upstream_read_timeout_s: float | None = 600.0
+    # Recent TTFTs kept per class for GET /control/observed and the p50/p95 in GET /control.
+    ttft_ring_size: int = 2048
+    observed_window_s: float = 300.0
+    shutdown_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check_url("upstream_url", self.upstream_url)
+        if self.secondary_upstream_url is not None:
+            _check_url("secondary_upstream_url", self.secondary_upstream_url)
+        if self.default_class not in CLASSES:
+            raise ValueError(
+                f"default_class must be one of {', '.join(CLASSES)}, got {self.default_class!r}"
+            )
+        for key, cls in self.key_classes.items():
+            if cls not in CLASSES:
+                raise ValueError(
+                    f"key_classes: class for key ending …{key[-4:]} must be one of "
+                    f"{', '.join(CLASSES)}, got {cls!r}"
+                )
+        if not _is_int(self.batch_ceiling) or self.batch_ceiling < 0:
+            raise ValueError(f"batch_ceiling must be an integer >= 0, got {self.batch_ceiling!r}")
+        if not _is_int(self.batch_default_allowance) or not (
+            0 <= self.batch_default_allowance <= self.batch_ceiling
+        ):
+            raise ValueError(
+                f"batch_default_allowance must be an integer in [0, {self.batch_ceiling}] "
+                f"(batch_ceiling), got {self.batch_default_allowance!r}"
+            )
+        if not _is_seconds(self.max_queue_wait_s):
+            raise ValueError(f"max_queue_wait_s must be >= 0 seconds, got {self.max_queue_wait_s}")
+        if not _is_int(self.max_queued) or self.max_queued < 0:
+            raise ValueError(f"max_queued must be an integer >= 0, got {self.max_queued!r}")
+        for cls, value in self.priorities.items():
+            if cls not in CLASSES or not _is_int(value):
+                raise ValueError(
+                    f"priorities must map chat/batch to integers, got {cls!r} = {value!r}"
+                )
+        if not 0 <= self.listen_port <= 65535:
+            raise ValueError(f"listen_port must be in [0, 65535], got {self.listen_port}")
+        if self.ttft_ring_size < 1:
+            raise ValueError(f"ttft_ring_size must be >= 1, got {self.ttft_ring_size}")
+        # Frozen means frozen: a caller's dict changed later must not change the gateway.
+        object.__setattr__(self, "key_classes", MappingProxyType(dict(self.key_classes)))
+        object.__setattr__(self, "priorities", MappingProxyType(dict(self.priorities)))
+
+
+def read_token(
+    token_file: str | os.PathLike[str] | None = None,
+    env_name: str = TOKEN_ENV,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The control token from `token_file`, else from the environment variable `env_name`.
+
+    A named file that cannot be read, or is empty, raises ValueError saying what to do.
+    Returns None when neither is given: the control API then refuses every change.
+    """
+    if token_file:
+        path = Path(token_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(
+                f"cannot read control token file {path} ({exc.strerror}): "
+                "create it (mode 0600) with one line holding the token"
+            ) from exc
+        if not token:
+            raise ValueError(f"control token file {path} is empty: write the token into it")
+        return token
+    env = os.environ if environ is None else environ
+    token = env.get(env_name, "").strip()
+    return token or None
+
+
+def _check_url(name: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{name} must be an http:// or https:// URL, got {url!r}")
+    if parts.path.rstrip("/").endswith("/v1"):
+        raise ValueError(
+            f"{name} must be the engine's root, like http://127.0.0.1:8000, not {url!r}: "
+            "the gateway forwards the client's path (/v1/...) as it is"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )

@@ -1,0 +1,143 @@
+"""The control API and /metrics: what the daemon reads and writes.
+
+    GET  /control                    every class: allowance, inflight, queued, lease, observed
+    GET  /control/classes/{name}     one class, the same fields
+    PUT  /control/classes/batch      {"allowance": 4, "lease_s": 60, "reason": "..."}
+                                     with Authorization: Bearer <token>
+    GET  /control/observed?since=TS  recent TTFTs (unix seconds, ms) per class, newer than TS
+    GET  /metrics                    Prometheus text
+
+A refused PUT (401 without a valid token, 400 for a bad value) changes nothing. Errors use
+OpenAI's error shape, like the rest of the gateway.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+if TYPE_CHECKING:
+    from watchdog.gateway.app import Gateway
+
+MAX_REASON_CHARS = 500
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def _error(status: int, message: str, kind: str, code: str, **headers: str) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+async def get_control(request: Request) -> Response:
+    return JSONResponse(_gw(request).control_state())
+
+
+async def get_class(request: Request) -> Response:
+    gw = _gw(request)
+    name = request.path_params["name"]
+    if name not in gw.gates:
+        return _error(404, f"no traffic class {name!r}: the classes are chat and batch", *_NF)
+    gw.expire_leases()
+    return JSONResponse(gw.class_state(name))
+
+
+_NF = ("invalid_request_error", "unknown_traffic_class")
+
+
+async def put_class(request: Request) -> Response:
+    gw = _gw(request)
+    if not gw.authorized(request.headers.get("authorization")):
+        if gw.config.control_token:
+            message = "missing or wrong control token: send Authorization: Bearer <token>"
+        else:
+            message = (
+                "this gateway has no control token, so it accepts no changes: start it with "
+                "--token-file FILE or LLM_WATCHDOG_GATEWAY_TOKEN set"
+            )
+        return _error(
+            401, message, "authentication_error", "invalid_token", **{"WWW-Authenticate": "Bearer"}
+        )
+    name = request.path_params["name"]
+    if name not in gw.gates:
+        return _error(404, f"no traffic class {name!r}: the classes are chat and batch", *_NF)
+    gate = gw.gates[name]
+    if gate.allowance is None:
+        return _error(
+            400,
+            f"the {name} class has no allowance to set: it is never queued",
+            "invalid_request_error",
+            "no_allowance",
+        )
+    try:
+        data = await request.json()
+    except ValueError:
+        data = None
+    parsed = parse_put(data, gate.allowance.ceiling)
+    if isinstance(parsed, str):
+        return _error(400, parsed, "invalid_request_error", "invalid_value")
+    value, lease_s, reason = parsed
+    gw.expire_leases()
+    gw.set_allowance(name, value, lease_s, reason)
+    return JSONResponse(gw.class_state(name))
+
+
+def parse_put(data: Any, ceiling: int) -> tuple[int, float | None, str] | str:
+    """(allowance, lease_s, reason) from a PUT body, or the one-line error to answer with."""
+    example = '{"allowance": 4, "lease_s": 60, "reason": "chat p95 over target"}'
+    if not isinstance(data, dict):
+        return f"the body must be a JSON object like {example}"
+    value = data.get("allowance")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= ceiling:
+        return f"allowance must be an integer in [0, {ceiling}], got {value!r}"
+    lease_s = data.get("lease_s")
+    if lease_s is not None and (
+        not isinstance(lease_s, (int, float))
+        or isinstance(lease_s, bool)
+        or not math.isfinite(lease_s)
+        or lease_s <= 0
+    ):
+        return f"lease_s must be a positive number of seconds or null, got {lease_s!r}"
+    reason = data.get("reason", "")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str):
+        return f"reason must be a string, got {reason!r}"
+    return value, None if lease_s is None else float(lease_s), reason[:MAX_REASON_CHARS]
+
+
+async def get_observed(request: Request) -> Response:
+    gw = _gw(request)
+    raw = request.query_params.get("since", "0")
+    try:
+        since = float(raw)
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since):
+        return _error(
+            400,
+            f"since must be unix seconds, like since=1700000000.5, got {raw!r}",
+            "invalid_request_error",
+            "invalid_value",
+        )
+    return JSONResponse(
+        {
+            "now": gw.wall(),
+            "since": since,
+            "ttft": {
+                cls: [{"ts": ts, "ttft_ms": round(ms, 3)} for ts, ms in gw.ttft_since(cls, since)]
+                for cls in gw.gates
+            },
+        }
+    )
+
+
+async def get_metrics(request: Request) -> Response:
+    return Response(
+        _gw(request).metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

@@ -1,0 +1,174 @@
+"""What the gateway saw, per class: counters, histograms, and rings of recent values.
+
+Pure bookkeeping (no clock, no I/O): callers pass the times. `Observer.prometheus()` writes
+the Prometheus text exposition format (version 0.0.4), `ClassStats.summary()` the figures
+shown under `observed` in GET /control.
+
+TTFT here is the time from sending the request upstream to the first body chunk coming
+back, measured on streamed answers (SSE or NDJSON) only: for a non-streamed answer the
+first byte arrives with the last, which is not a time to first token.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+# Seconds. TTFT spans a cached 17 ms answer to a multi-second prefill under load (see
+# DESIGN.md, "What a real engine showed"); queue waits span 0 to max_queue_wait_s.
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+QUEUE_WAIT_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+# Ways a request can end, the `outcome` label of llm_watchdog_gateway_requests_total.
+OUTCOMES = (
+    "ok",  # upstream answered 1xx-3xx and it was relayed to the end
+    "upstream_status",  # upstream answered 4xx/5xx (relayed as it was)
+    "rejected",  # 429 from the gateway: queue wait ran out or queue full
+    "rerouted",  # sent to the secondary upstream instead of waiting longer
+    "disconnected",  # the client left before the answer was complete
+    "upstream_error",  # upstream unreachable, timed out, or broke mid-answer
+)
+
+
+class Histogram:
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> Iterable[str]:
+        cumulative = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            cumulative += n
+            yield f'{name}_bucket{{{labels},le="{bound:g}"}} {cumulative}'
+        yield f'{name}_bucket{{{labels},le="+Inf"}} {self.count}'
+        yield f"{name}_sum{{{labels}}} {self.total:.6f}"
+        yield f"{name}_count{{{labels}}} {self.count}"
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank quantile (no interpolation): a value that was actually seen."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class ClassStats:
+    """Everything observed for one class."""
+
+    def __init__(self, ring_size: int) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.requests = 0
+        self.chunks = 0
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.queue_wait = Histogram(QUEUE_WAIT_BUCKETS_S)
+        # (unix seconds, milliseconds), newest last; bounded so a busy day costs nothing.
+        self.recent_ttft: deque[tuple[float, float]] = deque(maxlen=ring_size)
+        self.recent_queue_wait: deque[tuple[float, float]] = deque(maxlen=ring_size)
+
+    def record_ttft(self, wall: float, ttft_s: float) -> None:
+        self.ttft.observe(ttft_s)
+        self.recent_ttft.append((wall, ttft_s * 1000.0))
+
+    def record_queue_wait(self, wall: float, wait_s: float) -> None:
+        self.queue_wait.observe(wait_s)
+        self.recent_queue_wait.append((wall, wait_s * 1000.0))
+
+    # list(deque) copies in one step under the GIL, so a reader on another thread (the
+    # daemon, a test) never sees the ring change under its feet.
+    def ttft_since(self, since: float) -> list[tuple[float, float]]:
+        return [item for item in list(self.recent_ttft) if item[0] > since]
+
+    def summary(self, wall: float, window_s: float) -> dict[str, object]:
+        since = wall - window_s
+        ttfts = [ms for ts, ms in list(self.recent_ttft) if ts > since]
+        waits = [ms for ts, ms in list(self.recent_queue_wait) if ts > since]
+        out: dict[str, object] = {"requests_total": self.requests}
+        out.update({f"{k}_total": v for k, v in self.outcomes.items()})
+        out.update(
+            {
+                "window_s": window_s,
+                "ttft_count": len(ttfts),
+                "ttft_p50_ms": _round(quantile(ttfts, 0.50)),
+                "ttft_p95_ms": _round(quantile(ttfts, 0.95)),
+                "queue_wait_count": len(waits),
+                "queue_wait_p50_ms": _round(quantile(waits, 0.50)),
+                "queue_wait_p95_ms": _round(quantile(waits, 0.95)),
+            }
+        )
+        return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+class Observer:
+    def __init__(self, classes: Iterable[str], ring_size: int) -> None:
+        self.classes = {name: ClassStats(ring_size) for name in classes}
+
+    def __getitem__(self, cls: str) -> ClassStats:
+        return self.classes[cls]
+
+    def prometheus(self, gauges: dict[str, dict[str, float | None]]) -> str:
+        """The exposition text; `gauges` maps a metric suffix to per-class values."""
+        p = "llm_watchdog_gateway"
+        out: list[str] = []
+
+        def head(name: str, kind: str, text: str) -> None:
+            out.append(f"# HELP {p}_{name} {text}")
+            out.append(f"# TYPE {p}_{name} {kind}")
+
+        head("requests_total", "counter", "Requests by class and how they ended.")
+        for cls, st in self.classes.items():
+            for outcome, n in st.outcomes.items():
+                out.append(f'{p}_requests_total{{class="{cls}",outcome="{outcome}"}} {n}')
+        head(
+            "relayed_chunks_total",
+            "counter",
+            "Body pieces relayed to clients: one per upstream read, holding all it brought.",
+        )
+        for cls, st in self.classes.items():
+            out.append(f'{p}_relayed_chunks_total{{class="{cls}"}} {st.chunks}')
+        head(
+            "ttft_seconds",
+            "histogram",
+            "Request sent upstream to first body chunk back, streamed answers only.",
+        )
+        for cls, st in self.classes.items():
+            out.extend(st.ttft.lines(f"{p}_ttft_seconds", f'class="{cls}"'))
+        head("queue_wait_seconds", "histogram", "Time spent waiting for an allowance place.")
+        for cls, st in self.classes.items():
+            out.extend(st.queue_wait.lines(f"{p}_queue_wait_seconds", f'class="{cls}"'))
+        for name, (kind, text) in GAUGE_HELP.items():
+            values = gauges.get(name, {})
+            head(name, kind, text)
+            for cls, value in values.items():
+                shown = "NaN" if value is None else f"{value:g}"
+                out.append(f'{p}_{name}{{class="{cls}"}} {shown}')
+        return "\n".join(out) + "\n"
+
+
+GAUGE_HELP = {
+    "inflight": ("gauge", "Requests admitted and not yet finished."),
+    "queued": ("gauge", "Requests waiting for an allowance place."),
+    "allowance": ("gauge", "Concurrency allowance now (NaN: unlimited)."),
+    "allowance_default": ("gauge", "Allowance that a lease returns to."),
+    "allowance_ceiling": ("gauge", "Highest allowance the control API accepts."),
+    "lease_expires_timestamp_seconds": (
+        "gauge",
+        "Unix time the current lease ends (NaN: no lease).",
+    ),
+    "lease_expirations_total": ("counter", "Leases that ran out and restored the default."),
+    "control_changes_total": ("counter", "Allowance changes accepted by the control API."),
+}

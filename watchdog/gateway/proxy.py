@@ -1,0 +1,328 @@
+"""The reverse proxy: one raw ASGI app that classifies, admits, forwards and relays.
+
+Flow of one request: class from the headers -> body read -> place taken from the class's
+gate (batch may wait in line) -> request sent upstream (upstream.py) -> answer relayed chunk
+by chunk as it arrives -> place given back. A second task watches the client connection
+the whole time: when the client goes (in line or mid-stream), the work is cancelled, which
+gives the place back and closes the upstream connection, so the engine stops generating.
+
+Raw ASGI instead of Starlette's Request/StreamingResponse keeps the per-chunk path to one
+`send` and lets the disconnect watcher cover the wait in line, not only the streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from watchdog.gateway.config import CLASSES, GatewayConfig
+from watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
+
+if TYPE_CHECKING:
+    from watchdog.gateway.app import Gateway
+
+Scope = dict[str, Any]
+
+log = logging.getLogger("watchdog.gateway")
+
+CLASS_HEADER = b"x-traffic-class"
+
+# RFC 9110 section 7.6.1: meant for one connection, never forwarded. Host and the body's
+# length are set again for the upstream connection; Expect was answered here.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+# uvicorn writes its own Date header; two would confuse clients.
+_DROP_RESPONSE = _HOP_BY_HOP | {b"date"}
+_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
+
+
+# The last event of an OpenAI-style stream.
+_DONE = b"data: [DONE]\n\n"
+
+
+class Progress:
+    """How far an answer got, read after its work was cancelled."""
+
+    done_seen = False
+
+
+class ClassError(ValueError):
+    """The client named a class that does not exist."""
+
+
+def classify(headers: list[tuple[bytes, bytes]], config: GatewayConfig) -> str:
+    """X-Traffic-Class, else the class of the bearer key, else the default class."""
+    named: bytes | None = None
+    auth: bytes | None = None
+    for key, value in headers:
+        if key == CLASS_HEADER:
+            named = value
+        elif key == b"authorization":
+            auth = value
+    if named is not None:
+        cls = named.decode("latin-1").strip().lower()
+        if cls not in CLASSES:
+            raise ClassError(
+                f"unknown traffic class {cls!r} in X-Traffic-Class: use one of {', '.join(CLASSES)}"
+            )
+        return cls
+    if auth is not None and config.key_classes:
+        scheme, _, key = auth.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer":
+            found = config.key_classes.get(key.strip())
+            if found is not None:
+                return found
+    return config.default_class
+
+
+def forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    named = _connection_tokens(headers)
+    return [(k, v) for k, v in headers if k not in _DROP_REQUEST and k not in named]
+
+
+def relay_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    named = _connection_tokens(headers)
+    return [(k, v) for k, v in headers if k not in _DROP_RESPONSE and k not in named]
+
+
+def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    # Headers listed in Connection are hop-by-hop too (RFC 9110 section 7.6.1).
+    tokens: set[bytes] = set()
+    for key, value in headers:
+        if key.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
+
+
+def inject_priority(body: bytes, field: str, value: int) -> bytes:
+    """`body` with `field` set to `value` when it is a JSON object; otherwise unchanged."""
+    try:
+        data = json.loads(body)
+    except ValueError:  # includes UnicodeDecodeError
+        return body
+    if not isinstance(data, dict):
+        return body
+    data[field] = value
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def error_body(message: str, kind: str, code: str) -> bytes:
+    """OpenAI's error shape, which clients (the openai library among them) parse."""
+    error = {"message": message, "type": kind, "param": None, "code": code}
+    return json.dumps({"error": error}).encode()
+
+
+async def send_error(
+    send: Any,
+    status: int,
+    message: str,
+    kind: str,
+    code: str,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    body = error_body(message, kind, code)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra_headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class Proxy:
+    """ASGI app for every path the gateway does not answer itself."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        gw = self.gw
+        try:
+            cls = classify(scope["headers"], gw.config)
+        except ClassError as exc:
+            await send_error(send, 400, str(exc), "invalid_request_error", "unknown_traffic_class")
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left while sending its request
+        stats = gw.observer[cls]
+        stats.requests += 1
+        progress = Progress()
+        task = asyncio.current_task()
+        assert task is not None
+        # The work runs right here (no extra task: one fewer turn of the event loop before
+        # the request goes upstream); the watcher cancels it when the client goes away.
+        watch = asyncio.ensure_future(_until_disconnect(receive))
+        left = False
+
+        def on_watch_done(done: asyncio.Future[None]) -> None:
+            nonlocal left
+            if not done.cancelled() and done.exception() is None:
+                left = True
+                task.cancel()
+
+        watch.add_done_callback(on_watch_done)
+        try:
+            await self._handle(scope, send, cls, body, progress)
+        except asyncio.CancelledError:
+            if not left:
+                raise  # the server is shutting down past its grace time
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:  # Python 3.11+: this cancellation was ours, and handled
+                uncancel()
+            # Clients (the openai library among them) close a stream once they read [DONE],
+            # before the last empty chunk: that answer arrived whole.
+            stats.outcomes["ok" if progress.done_seen else "disconnected"] += 1
+        finally:
+            watch.remove_done_callback(on_watch_done)
+            watch.cancel()
+
+    async def _handle(
+        self, scope: Scope, send: Any, cls: str, body: bytes, progress: Progress
+    ) -> None:
+        gw = self.gw
+        stats = gw.observer[cls]
+        gate = gw.gates[cls]
+        upstream = gw.primary
+        # Only a POST asks the engine for work (a completion, an embedding); listing models
+        # or reading health costs nothing and never waits.
+        gated = scope["method"] == "POST"
+        admitted = False
+        if gated:
+            gw.expire_leases()
+            started = gw.clock()
+            outcome = await gate.acquire()
+            stats.record_queue_wait(gw.wall(), gw.clock() - started)
+            admitted = outcome == "admitted"
+            if not admitted:
+                if gw.secondary is None:
+                    await self._reject(send, cls, outcome)
+                    stats.outcomes["rejected"] += 1
+                    return
+                upstream = gw.secondary
+        try:
+            priority = gw.priority_for(cls) if gated else None
+            if priority is not None:
+                body = inject_priority(body, gw.config.priority_field, priority)
+            result = await self._forward(scope, send, cls, body, upstream, progress)
+        finally:
+            if admitted:
+                gate.release()
+        stats.outcomes["rerouted" if gated and not admitted else result] += 1
+
+    async def _reject(self, send: Any, cls: str, outcome: str) -> None:
+        gate = self.gw.gates[cls]
+        retry_s = self.gw.retry_after_s(cls)
+        if outcome == "full":
+            message = (
+                f"the {cls} queue is full ({gate.max_queued} waiting): "
+                f"retry after {retry_s} s or lower the request rate"
+            )
+        else:
+            message = (
+                f"no {cls} place freed within {gate.max_queue_wait_s:g} s "
+                f"(allowance {gate.allowance.value if gate.allowance else 'unlimited'}, "
+                f"{gate.inflight} in flight): retry after {retry_s} s"
+            )
+        await send_error(
+            send,
+            429,
+            message,
+            "rate_limit_error",
+            f"{cls}_queue_{outcome}",
+            [(b"retry-after", str(retry_s).encode()), (b"x-traffic-class", cls.encode())],
+        )
+
+    async def _forward(
+        self,
+        scope: Scope,
+        send: Any,
+        cls: str,
+        body: bytes,
+        upstream: Upstream,
+        progress: Progress,
+    ) -> str:
+        """Send upstream and relay the answer; returns the outcome to count."""
+        gw = self.gw
+        stats = gw.observer[cls]
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        sent = gw.clock()
+        try:
+            response = await upstream.send(
+                scope["method"], target, forward_headers(scope["headers"]), body
+            )
+        except UpstreamError as exc:
+            log.warning("%s request %s %s: %s", cls, scope["method"], scope["path"], exc.message)
+            await send_error(send, exc.status, exc.message, "upstream_error", "upstream_failed")
+            return "upstream_error"
+        try:
+            status = response.status
+            headers = relay_headers([(k.lower(), v) for k, v in response.headers])
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            streamed = status < 300 and response.header(b"content-type").startswith(_STREAM_TYPES)
+            first = True
+            chunks = 0
+            try:
+                async with aclosing(response.chunks()) as body_chunks:
+                    async for chunk in body_chunks:
+                        if first:
+                            first = False
+                            if streamed:
+                                stats.record_ttft(gw.wall(), gw.clock() - sent)
+                        chunks += 1
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        if streamed and chunk.endswith(_DONE):
+                            progress.done_seen = True
+            except UpstreamBroken as exc:
+                # Too late for a status: leave the answer unfinished, so the client sees a
+                # broken stream rather than a clean end of a truncated one.
+                log.warning("upstream %s broke mid-answer: %s", upstream.base_url, exc)
+                return "upstream_error"
+            finally:
+                stats.chunks += chunks
+        finally:
+            await response.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return "ok" if status < 400 else "upstream_status"
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def retry_after_from(wait_s: float, lease_left_s: float | None, allowance: int) -> int:
+    """Seconds for Retry-After: the lease's end when batch is paused, else one queue wait."""
+    if allowance == 0 and lease_left_s is not None:
+        return max(1, min(3600, math.ceil(lease_left_s)))
+    return max(1, math.ceil(wait_s))

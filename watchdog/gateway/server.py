@@ -1,0 +1,186 @@
+"""Running the gateway: in the foreground (`serve`) or in a background thread (`GatewayServer`).
+
+The listening socket is bound here, before uvicorn starts, so that port 0 works (the
+kernel's choice is read back for `.url`) and a port already taken is one clear error
+instead of uvicorn's exit. uvicorn owns the event loop, graceful shutdown (open streams
+get `shutdown_timeout_s` to finish) and, in the foreground, SIGTERM and SIGINT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from watchdog.gateway.app import Gateway, create_app
+from watchdog.gateway.config import GatewayConfig
+
+
+class ListenError(OSError):
+    """The gateway cannot listen where it was told to. str() is one line saying what to do."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
+    # IPPROTO_TCP, and accepted sockets inherit it. With proto 0, Nagle held every body
+    # chunk written after the headers until the client's delayed ACK (~40 ms on Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(True)
+    except OSError as exc:
+        sock.close()
+        hint = (
+            "is another gateway running? pick another port with --listen"
+            if exc.errno == errno.EADDRINUSE
+            else "check the --listen address"
+        )
+        raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror}): {hint}") from exc
+    return sock
+
+
+def _uvicorn_config(app: Any, config: GatewayConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_config=None,  # the caller's logging set-up stays as it is
+        access_log=False,  # a line per request costs more than relaying it
+        lifespan="on",
+        server_header=False,  # the engine's Server header is relayed instead
+        proxy_headers=False,
+        timeout_graceful_shutdown=int(config.shutdown_timeout_s) or 1,
+    )
+
+
+def url_for(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the caller once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn raises the signal again after its graceful shutdown, so the process dies
+        # "killed by SIGTERM"; a clean stop on request should exit 0 (DESIGN.md exit codes).
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        wanted = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in wanted}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def serve(
+    config: GatewayConfig,
+    on_listening: Callable[[str, GatewayConfig], None] | None = None,
+) -> None:
+    """Run in the foreground until SIGTERM or SIGINT; raises ListenError if it cannot bind.
+
+    `on_listening(url, config)` is called once connections are accepted (port 0 resolved).
+    """
+    sock = bind_socket(config.listen_host, config.listen_port)
+    url = url_for(config.listen_host, sock.getsockname()[1])
+
+    def started() -> None:
+        if on_listening is not None:
+            on_listening(url, config)
+
+    server = _Server(_uvicorn_config(create_app(config), config), started)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+class GatewayServer:
+    """The gateway on a background thread, for tests, the demo and the daemon.
+
+    with GatewayServer(GatewayConfig(upstream_url=..., listen_port=0)) as gw:
+        httpx.get(gw.url + "/control")
+    """
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.app = create_app(config)
+        self.gateway: Gateway = self.app.state.gateway
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the gateway is not started: call start() first")
+        return url_for(self.config.listen_host, self.port)
+
+    def start(self, timeout_s: float = 10.0) -> GatewayServer:
+        if self._thread is not None:
+            raise RuntimeError("the gateway is already started")
+        self._sock = bind_socket(self.config.listen_host, self.config.listen_port)
+        self.port = self._sock.getsockname()[1]
+        self._server = _Server(_uvicorn_config(self.app, self.config), None)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._sock]},
+            name=f"llm-watchdog-gateway:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"the gateway on port {self.port} did not start within {timeout_s:g} s: "
+                    "see the log above"
+                )
+            time.sleep(0.005)
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop accepting, let open requests finish (up to shutdown_timeout_s), then return."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            wait = self.config.shutdown_timeout_s + 5 if timeout_s is None else timeout_s
+            self._thread.join(wait)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._server = None
+
+    def __enter__(self) -> GatewayServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
