@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
 import click
 
 from watchdog.cli import Fail, _api_key, _unreachable, cli, settings_from
+from watchdog.gateway.cli import gateway
 from watchdog.output import emit, listing_options
 from watchdog.sim.cli import sim
 
 cli.add_command(sim)
+cli.add_command(gateway)
 
 BENCH_COLUMNS = [
     "batch_streams",
@@ -111,7 +112,3 @@ def bench(
             progress=progress,
         )
     emit([r.as_dict() for r in rows], BENCH_COLUMNS, fmt)
-
-
-def _now() -> float:
-    return time.time()
