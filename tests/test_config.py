@@ -91,6 +91,9 @@ def test_file_values_and_durations(tmp_path):
         ("[probe]\nseed = 1.5\n", r"\[probe\] seed: expected an integer"),
         ("probe = 3\n", r"probe: expected a \[probe\] table"),
         ("[probe\n", r"not valid TOML"),
+        ("[api]\nlisten = 'nope'\n", r"\[api\] listen: expected HOST:PORT"),
+        ("[drift]\nshift_ratio = 0.9\n", r"\[drift\] shift_ratio must be > 1"),
+        ("[alerts]\nmin_severity = 'loud'\n", r"alerts.min_severity"),
     ],
 )
 def test_errors_name_the_file_and_key(tmp_path, text, message):

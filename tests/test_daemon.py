@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.fakenvml import scenario_basic
@@ -94,10 +95,12 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
     db = tmp_path / "wd.db"
     with StreamServer(answer="Paris", first_token_delay_s=0.02) as srv:
         config = tmp_path / "config.toml"
+        api_port = free_port()
         config.write_text(
             f'[server]\nurl = "{srv.url}"\n'
             '[probe]\ninterval = "0.5s"\njitter = "0s"\n'
             f'[storage]\npath = "{db}"\n'
+            f'[api]\nlisten = "127.0.0.1:{api_port}"\n'
             '[logging]\nformat = "text"\n'
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -112,6 +115,8 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and len(srv.chat_requests()) < 4:
                 time.sleep(0.1)
+            metrics = httpx.get(f"http://127.0.0.1:{api_port}/metrics", timeout=5).text
+            status = httpx.get(f"http://127.0.0.1:{api_port}/status", timeout=5).json()
             proc.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
             try:
@@ -138,3 +143,15 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
         assert [e["kind"] for e in events] == ["nvml_unavailable"]
         assert err.count("latency-only") == 1
     assert "watching " + srv.url in err
+    assert 'llm_watchdog_probes_total{outcome="ok",error=""}' in metrics
+    assert "llm_watchdog_ttft_seconds_count" in metrics
+    assert status["last_probe"]["ok"] is True and status["server"] == srv.url
+    assert status["drift"]["learning"]["need"] == 300
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -102,6 +102,21 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class ApiSettings:
+    # HOST:PORT for /metrics (Prometheus) and /status; "" turns the endpoint off.
+    listen: str = "127.0.0.1:9108"
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            host, sep, port = self.listen.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(
+                    f'listen: expected HOST:PORT like 127.0.0.1:9108, or "" for off; '
+                    f"got {self.listen!r}"
+                )
+
+
+@dataclass(frozen=True)
 class DriftSettings:
     """The judging side (watchdog.drift.DriftConfig holds the full set of tuning constants)."""
 
@@ -128,6 +143,7 @@ class Settings:
     storage: StorageSettings = field(default_factory=StorageSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     drift: DriftSettings = field(default_factory=DriftSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
     # [alerts] has arrays of sink tables; watchdog.alerts.config parses it (see there).
     alerts: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="(built-in defaults)", compare=False)

@@ -24,6 +24,7 @@ import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from watchdog.api import ApiServer, ProbeMetrics
 from watchdog.config import Settings
 from watchdog.engine import EngineInfo, detect_engine, resolve_model
 from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
@@ -105,6 +106,9 @@ class Daemon:
             Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
         )
         self.last_samples: list[GpuSample] = []
+        self.last_result: ProbeResult | None = None
+        self.probe_metrics = ProbeMetrics()
+        self.api: ApiServer | None = None
         self._busy = 0
         self._busy_cv = threading.Condition()
         self.scheduler: BackgroundScheduler | None = None
@@ -210,6 +214,10 @@ class Daemon:
             self._last_probe_ts = result.ts
         result = replace(result, cold=cold)
         self.store.record_probe(result, self.fingerprint_id)
+        self.last_result = result
+        self.probe_metrics.add(
+            result.ok, result.error_class, result.ttft_ms, result.cold, result.quality_pass
+        )
         gpu = self.serving_gpu()
         if self.judge is not None:
             with self._judge_lock:
@@ -312,6 +320,35 @@ class Daemon:
         sched.start()
         self.scheduler = sched
 
+    def status(self) -> dict[str, Any]:
+        """What the daemon knows now, for /status and /metrics: all from memory."""
+        judge = self.judge
+        with self._judge_lock:
+            drift = judge.monitor.snapshot() if judge is not None else None
+        return {
+            "server": self.settings.server.url,
+            "model": self.model,
+            "engine": {"name": self.engine.engine, "version": self.engine.version},
+            "fingerprint": self.fingerprint.key_fields() | {"id": self.fingerprint_id}
+            if self.fingerprint
+            else None,
+            "last_probe": self.last_result.to_dict() if self.last_result else None,
+            "gpus": [s.to_dict() for s in self.last_samples],
+            "nvml": self.reader.available,
+            "drift": drift,
+            "database": self.settings.storage.path,
+        }
+
+    def start_api(self) -> None:
+        listen = self.settings.api.listen
+        if not listen:
+            return
+        host, _, port = listen.rpartition(":")
+        self.api = ApiServer(
+            host.strip("[]") or "127.0.0.1", int(port), self.status, self.probe_metrics
+        ).start()
+        log.info("metrics and status at %s/metrics and %s/status", self.api.url, self.api.url)
+
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: object) -> None:
             self.should_exit.set()
@@ -320,6 +357,7 @@ class Daemon:
         signal.signal(signal.SIGINT, handle)
 
     def serve(self) -> None:
+        self.start_api()
         self.start_jobs()
         log.info(
             "watching %s (model %s, engine %s %s); probe every %ss; database %s",
@@ -347,6 +385,8 @@ class Daemon:
             clean = self._busy == 0
         if prober is not None:
             prober.close()
+        if self.api is not None:
+            self.api.stop()
         self.reader.stop()
         return clean
 
