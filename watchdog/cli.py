@@ -323,7 +323,19 @@ def status(ctx: click.Context, as_json: bool) -> None:
             if last and last.get("fingerprint_id")
             else store.latest_fingerprint()
         )
-    data = {"database": settings.storage.path, "last_probe": last, "gpus": gpus, "fingerprint": fp}
+        from watchdog.records import active_baseline, events
+
+        stored = active_baseline(store, fp["id"]) if fp else None
+        baseline = stored.to_dict() if stored else None
+        open_events = [e for e in events(store) if e["end_ts"] is None]
+    data = {
+        "database": settings.storage.path,
+        "last_probe": last,
+        "gpus": gpus,
+        "fingerprint": fp,
+        "baseline": baseline,
+        "open_events": open_events,
+    }
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2))
         return
@@ -355,6 +367,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
             f"{fp['model']}, driver {fp['driver_version']}, GPU {fp['gpu_name']}"
         )
         click.echo(f"launch       {fp['launch_command']}")
+    if baseline:
+        click.echo(
+            f"baseline     TTFT p50 {baseline['ttft_p50_ms']:.0f} ms, p95 "
+            f"{baseline['ttft_p95_ms']:.0f} ms from {baseline['n']} probes "
+            f"({baseline['source']}, {stamp(baseline['created_ts'])})"
+        )
+    else:
+        click.echo("baseline     none yet (learned from the first warm probes)")
+    for e in open_events:
+        click.echo(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
 
 
 def _f(value: Any, unit: str = "") -> str:
