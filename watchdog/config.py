@@ -136,6 +136,29 @@ class DriftSettings:
 
 
 @dataclass(frozen=True)
+class ControlSettings:
+    """The control loop that steers the batch allowance (watchdog.control holds the law)."""
+
+    enabled: bool = False
+    actuator: str = _choice("gateway", "gateway", "haproxy", "command")
+    gateway_url: str = "http://127.0.0.1:8090"
+    # The gateway's control token, from a file or an environment variable.
+    token_file: str = ""
+    token_env: str = "LLM_WATCHDOG_GATEWAY_TOKEN"
+    target_p95_s: float = _duration("2s", minimum_s=0.001)
+    floor: int = 0
+    ceiling: int = 64
+    default_allowance: int = 8
+    interval_s: float = _duration("5s", minimum_s=0.1)
+    lease_s: float = _duration("2m", minimum_s=1)
+    drain_time_s: float = _duration("20s")
+    haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
+    haproxy_backend: str = ""
+    haproxy_server: str = ""
+    command: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
@@ -144,6 +167,7 @@ class Settings:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     drift: DriftSettings = field(default_factory=DriftSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
     # [alerts] has arrays of sink tables; watchdog.alerts.config parses it (see there).
     alerts: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="(built-in defaults)", compare=False)
@@ -165,6 +189,28 @@ class Settings:
                 continue
             out[f.name] = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
         return out
+
+    def control_config(self) -> Any:
+        from watchdog.control import ControlConfig
+
+        c = self.control
+        return ControlConfig(
+            target_p95_ms=c.target_p95_s * 1000.0,
+            floor=c.floor,
+            ceiling=c.ceiling,
+            default_allowance=c.default_allowance,
+            drain_time_s=c.drain_time_s,
+            lease_s=c.lease_s,
+        )
+
+    def control_token(self) -> str | None:
+        return (
+            read_secret(
+                self.control.token_file, self.control.token_env, self.source, "control.token"
+            )
+            if self.control.token_file or os.environ.get(self.control.token_env)
+            else None
+        )
 
     def drift_config(self) -> Any:
         from watchdog.drift import DriftConfig
@@ -329,8 +375,10 @@ def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
     try:
         settings = Settings(**sections, source=source)
         settings.drift_config()
+        settings.control_config()
     except ValueError as exc:
-        raise ConfigError(f"{source}: [{exc}".replace("[drift config: ", "[drift] ")) from None
+        text = str(exc).replace("drift config: ", "[drift] ").replace("control: ", "[control] ")
+        raise ConfigError(f"{source}: {text}") from None
     return settings
 
 

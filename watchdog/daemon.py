@@ -219,9 +219,18 @@ class Daemon:
             result.ok, result.error_class, result.ttft_ms, result.cold, result.quality_pass
         )
         gpu = self.serving_gpu()
+        steer = self.steer
+        if steer is not None:
+            steer.canary(result)
         if self.judge is not None:
             with self._judge_lock:
-                self.judge.observe(result, gpu, temp_slowdown_c=self._slowdown_c(gpu))
+                self.judge.observe(
+                    result,
+                    gpu,
+                    temp_slowdown_c=self._slowdown_c(gpu),
+                    batch_inflight=steer.inflight if steer else None,
+                    batch_allowance=steer.allowance if steer else None,
+                )
         if self.on_probe:
             self.on_probe(result, gpu)
         return result
@@ -247,6 +256,8 @@ class Daemon:
         if samples:
             self.last_samples = samples
             self.store.record_gpu_samples(samples)
+            if self.steer is not None:
+                self.steer.gpu(self.serving_gpu())
         for ev in events:
             log.warning("GPU telemetry: %s %s", ev.kind, ev.detail)
             self.store.record_gpu_event(ev)
@@ -311,6 +322,13 @@ class Daemon:
             seconds=p.fingerprint_interval_s,
             id="fingerprint",
         )
+        if self.steer is not None:
+            sched.add_job(
+                self._guarded("control", self.steer.step),
+                "interval",
+                seconds=self.settings.control.interval_s,
+                id="control",
+            )
         sched.add_job(
             self._guarded("rollup", self.rollup),
             "interval",
@@ -336,6 +354,7 @@ class Daemon:
             "gpus": [s.to_dict() for s in self.last_samples],
             "nvml": self.reader.available,
             "drift": drift,
+            "control": self.steer.snapshot() if self.steer else None,
             "database": self.settings.storage.path,
         }
 
@@ -387,8 +406,26 @@ class Daemon:
             prober.close()
         if self.api is not None:
             self.api.stop()
+        if self.steer is not None:
+            self.steer.close()
         self.reader.stop()
         return clean
+
+
+def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
+    """The control loop over the configured actuator."""
+    from watchdog.actuators import CommandActuator, HaproxyActuator
+    from watchdog.steer import Steer, gateway_steer
+
+    c = settings.control
+    config = settings.control_config()
+    if c.actuator == "gateway":
+        return gateway_steer(config, c.gateway_url, settings.control_token(), store, alerts=alerts)
+    if c.actuator == "haproxy":
+        actuator: Any = HaproxyActuator(c.haproxy_socket, c.haproxy_backend, c.haproxy_server)
+    else:
+        actuator = CommandActuator(c.command)
+    return Steer(config, actuator, store, alerts=alerts)
 
 
 def _utc(ts: float) -> Any:

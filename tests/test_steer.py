@@ -1,0 +1,135 @@
+"""The daemon's control loop against a real gateway over real sockets."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.streamserver import StreamServer
+from watchdog.actuators import ReadBack
+from watchdog.control import ControlConfig
+from watchdog.gateway import GatewayConfig, GatewayServer
+from watchdog.models import ProbeResult
+from watchdog.steer import Steer, gateway_steer
+from watchdog.store import Store
+
+TOKEN = "test-token"
+
+
+def canary(ttft_ms: float, ok: bool = True) -> ProbeResult:
+    return ProbeResult(
+        ts=0.0,
+        prompt_id="p",
+        probe_set="s",
+        url="u",
+        model="m",
+        ok=ok,
+        cache_mode="bust",
+        cache_bust="none",
+        ttft_ms=ttft_ms if ok else None,
+        error_class=None if ok else "first_token_timeout",
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(tmp_path):
+    clock = Clock()
+    cfg = ControlConfig(
+        target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
+    )
+    with (
+        StreamServer(answer="ok") as upstream,
+        GatewayServer(
+            GatewayConfig(
+                upstream_url=upstream.url,
+                listen_port=0,
+                batch_default_allowance=8,
+                batch_ceiling=16,
+                control_token=TOKEN,
+            )
+        ) as gw,
+        Store(tmp_path / "wd.db") as store,
+    ):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
+        try:
+            for _ in range(12):  # chat at 4x the target: the law must cut
+                for _ in range(3):
+                    steer.canary(canary(400.0))
+                clock.t += 5
+                steer.step()
+            state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
+            clock.t += 30  # a drain time later the next step verifies the last write
+            steer.step()
+        finally:
+            steer.close()
+        rows = store.rows("SELECT * FROM control_actions ORDER BY id")
+    assert state["allowance"] < 8
+    assert state["lease_expires_at"] is not None and "ttft" in state["reason"].lower()
+    cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
+    assert cuts and all(r["applied"] == 1 for r in cuts)
+    assert all(r["allowance_after"] < r["allowance_before"] for r in cuts)
+    assert any(r["verify_kind"] == "ok" for r in rows)
+    inputs = json.loads(cuts[0]["inputs"])
+    assert inputs["samples"] == 3 and inputs["max_ttft_ms"] == 400.0
+    assert inputs["latency_only"] is True  # no NVML here: the law runs on latency alone
+
+
+class LyingActuator:
+    """Says yes to every write and then reports something else."""
+
+    name = "liar"
+
+    def __init__(self) -> None:
+        self.written: int | None = None
+
+    def apply(self, allowance: int, lease_s: float, reason: str):
+        from watchdog.actuators import ApplyResult
+
+        self.written = allowance
+        return ApplyResult(True, allowance, "ok", lease_s)
+
+    def read_back(self) -> ReadBack:
+        return ReadBack(allowance=8, inflight=8)
+
+    def verify(self, expected: int, *, check_inflight: bool = True):
+        from watchdog.actuators import verify_with
+
+        return verify_with(self, expected, check_inflight)
+
+    def close(self) -> None:
+        pass
+
+
+class Alerts:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def submit(self, alert) -> None:
+        self.sent.append(alert)
+
+
+def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path):
+    clock = Clock()
+    alerts = Alerts()
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
+    with Store(tmp_path / "wd.db") as store:
+        steer = Steer(cfg, LyingActuator(), store, alerts=alerts, clock=clock, monotonic=clock)
+        for _ in range(12):
+            for _ in range(3):
+                steer.canary(canary(400.0))
+            clock.t += 5
+            steer.step()
+        rows = store.rows(
+            "SELECT verify_kind, verify_detail FROM control_actions WHERE verify_kind IS NOT NULL"
+        )
+    assert rows and rows[0]["verify_kind"] == "not_effective"
+    assert "control not effective" in rows[0]["verify_detail"]
+    assert [a.kind for a in alerts.sent][:1] == ["control_not_effective"]

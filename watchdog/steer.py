@@ -1,0 +1,240 @@
+"""The daemon's control loop: chat latency and GPU state in, the batch allowance out.
+
+Glue between the pure `watchdog.control.AllowanceController`, an actuator (the gateway by
+default) and the store. Each step reads back what the serving layer has in force, asks the
+law, writes the result with a lease (so a dead daemon's last cut runs out and the default
+returns), records the decision with its inputs and reason, and a drain time after a write
+checks that it took effect: the flag set is not always the behaviour got.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from watchdog.actuators import Actuator, ActuatorError, GatewayActuator, not_effective_event
+from watchdog.control import (
+    AllowanceController,
+    ControlAction,
+    ControlConfig,
+    ControlInput,
+    GpuState,
+    action_row,
+    verification_row,
+)
+from watchdog.models import GpuSample, ProbeResult
+from watchdog.store import Store
+
+log = logging.getLogger("watchdog.steer")
+
+# Holds are the law's most common answer; one stored per minute is enough to show it ran.
+HOLD_RECORD_EVERY_S = 60.0
+
+
+class Steer:
+    """One control loop over one actuator."""
+
+    def __init__(
+        self,
+        config: ControlConfig,
+        actuator: Actuator,
+        store: Store,
+        *,
+        alerts: Any | None = None,
+        observed_url: str | None = None,
+        canaries_via_gateway: bool = True,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.law = AllowanceController(config)
+        self.actuator = actuator
+        self.store = store
+        self.alerts = alerts
+        self.clock = clock
+        self.monotonic = monotonic
+        # The gateway sees every chat request, canaries included: its TTFTs are the signal.
+        self._observed = (
+            httpx.Client(transport=transport, timeout=3.0, trust_env=False)
+            if observed_url
+            else None
+        )
+        self._observed_url = observed_url
+        # When the canaries go through the gateway it has already seen them: do not count
+        # them twice. When they go to the engine directly, both are signal.
+        self._canaries_via_gateway = canaries_via_gateway
+        self._observed_since: float | None = None
+        self._lock = threading.Lock()
+        self._canary_ttfts: deque[float] = deque(maxlen=1000)
+        self._failed_canaries = 0
+        self._gpu: GpuSample | None = None
+        self._pending: tuple[float, int, int] | None = None  # (check at, row id, allowance)
+        self._last_write_s: float | None = None
+        self._last_hold_record_s = -1e18
+        self.allowance: int | None = None
+        self.inflight: int | None = None
+        self.last_action: ControlAction | None = None
+
+    # ---- inputs, from the daemon's other jobs -------------------------------------------
+
+    def canary(self, result: ProbeResult) -> None:
+        with self._lock:
+            if result.ok and result.ttft_ms is not None and not result.cold:
+                self._canary_ttfts.append(result.ttft_ms)
+            elif not result.ok and result.error_class in (
+                "first_token_timeout",
+                "total_timeout",
+                "http_status",
+                "server_error",
+                "connect_refused",
+                "connect_timeout",
+            ):
+                self._failed_canaries += 1
+
+    def gpu(self, sample: GpuSample | None) -> None:
+        self._gpu = sample
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def _chat_ttfts(self) -> tuple[list[float], int]:
+        with self._lock:
+            canaries = list(self._canary_ttfts)
+            failed = self._failed_canaries
+            self._canary_ttfts.clear()
+            self._failed_canaries = 0
+        if self._observed is None:
+            return canaries, failed
+        since = self._observed_since if self._observed_since is not None else self.clock() - 30
+        try:
+            resp = self._observed.get(
+                f"{self._observed_url}/control/observed", params={"since": f"{since:.3f}"}
+            )
+            data = resp.json()
+            chat = data["ttft"]["chat"]
+            self._observed_since = float(data.get("now", self.clock()))
+            seen = [float(x["ttft_ms"]) for x in chat]
+            return (seen if self._canaries_via_gateway and seen else seen + canaries), failed
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.debug("gateway TTFTs unavailable (%s); using canaries", exc)
+            return canaries, failed
+
+    def step(self) -> ControlAction:
+        now_s = self.monotonic()
+        self._verify_due(now_s)
+        try:
+            rb = self.actuator.read_back()
+            in_force, inflight = rb.allowance, rb.inflight
+            self.inflight = inflight
+        except ActuatorError as exc:
+            log.warning("cannot read the batch allowance: %s", exc)
+            in_force, inflight = self.allowance, None
+        ttfts, failed = self._chat_ttfts()
+        g = self._gpu
+        gpu = (
+            GpuState(g.throttle_reasons, g.sm_clock_mhz, g.sm_clock_max_mhz)
+            if g is not None
+            else None
+        )
+        action = self.law.step(
+            ControlInput(
+                now_s=now_s,
+                chat_ttfts_ms=tuple(ttfts),
+                failed_canaries=failed,
+                gpu=gpu,
+                batch_inflight=inflight,
+                allowance=in_force,
+            )
+        )
+        self.last_action = action
+        # Write on a change, when the serving layer has drifted from the law (a lease ran
+        # out, the gateway restarted), and in time to renew the lease.
+        renew = self._last_write_s is None or now_s - self._last_write_s > self.config.lease_s / 3
+        target = action.allowance_after
+        if action.changed or in_force != target or renew:
+            self._write(action, target, now_s)
+        elif now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
+            self._last_hold_record_s = now_s
+            self.store.insert("control_actions", action_row(action, ts=self.clock()))
+        self.allowance = target
+        return action
+
+    def _write(self, action: ControlAction, target: int, now_s: float) -> None:
+        res = self.actuator.apply(target, self.config.lease_s, action.reason)
+        row = action_row(
+            action,
+            ts=self.clock(),
+            actuator=self.actuator.name,
+            lease_s=self.config.lease_s,
+            applied=res.ok,
+            apply_detail=res.detail,
+        )
+        row_id = self.store.insert("control_actions", row)
+        if res.ok:
+            self._last_write_s = now_s
+            if action.changed:
+                log.warning(
+                    "batch allowance %d -> %d: %s", action.allowance_before, target, action.reason
+                )
+                self._pending = (now_s + self.config.drain_time_s, row_id, target)
+        else:
+            log.warning("could not set the batch allowance: %s", res.detail)
+
+    def _verify_due(self, now_s: float) -> None:
+        if self._pending is None or now_s < self._pending[0]:
+            return
+        _, row_id, expected = self._pending
+        self._pending = None
+        v = self.actuator.verify(expected)
+        rb = v.read_back
+        done = verification_row(
+            ts=self.clock(),
+            kind=v.kind,
+            detail=v.detail,
+            allowance=rb.allowance if rb else None,
+            inflight=rb.inflight if rb else None,
+            queued=rb.queued if rb else None,
+        )
+        sets = ", ".join(f"{column} = ?" for column in done)
+        self.store.execute(
+            f"UPDATE control_actions SET {sets} WHERE id = ?", (*done.values(), row_id)
+        )
+        if not v.ok:
+            log.warning("%s", v.detail)
+            alert = not_effective_event(v, ts=self.clock(), target=self.actuator.name)
+            if alert is not None and self.alerts is not None:
+                self.alerts.submit(alert)
+
+    def snapshot(self) -> dict[str, Any]:
+        a = self.last_action
+        return {
+            "actuator": self.actuator.name,
+            "allowance": self.allowance,
+            "inflight": self.inflight,
+            "last": None
+            if a is None
+            else {
+                "kind": a.kind,
+                "before": a.allowance_before,
+                "after": a.allowance_after,
+                "reason": a.reason,
+                "p95_est_ms": a.p95_est_ms,
+            },
+        }
+
+    def close(self) -> None:
+        if self._observed is not None:
+            self._observed.close()
+        self.actuator.close()
+
+
+def gateway_steer(
+    config: ControlConfig, url: str, token: str | None, store: Store, **kwargs: Any
+) -> Steer:
+    return Steer(config, GatewayActuator(url, token), store, observed_url=url.rstrip("/"), **kwargs)
