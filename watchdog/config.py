@@ -152,6 +152,8 @@ class ControlSettings:
     interval_s: float = _duration("5s", minimum_s=0.1)
     lease_s: float = _duration("2m", minimum_s=1)
     drain_time_s: float = _duration("20s")
+    # After heat, hold the allowance until the clock has been steady this long.
+    freeze_release_s: float = _duration("3m")
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""
     haproxy_server: str = ""
@@ -201,6 +203,7 @@ class Settings:
             default_allowance=c.default_allowance,
             drain_time_s=c.drain_time_s,
             lease_s=c.lease_s,
+            freeze_release_s=c.freeze_release_s,
         )
 
     def control_token(self) -> str | None:

@@ -105,6 +105,7 @@ class Daemon:
         self.judge = (
             Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
         )
+        self.steer = build_steer(settings, store, alerts) if settings.control.enabled else None
         self.last_samples: list[GpuSample] = []
         self.last_result: ProbeResult | None = None
         self.probe_metrics = ProbeMetrics()

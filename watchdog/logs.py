@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 # sd-daemon(3): a "<N>" prefix on a line written to stderr sets its journal priority.
 _SD_PRIORITY = {
@@ -22,11 +23,11 @@ class JournalFormatter(logging.Formatter):
         return f"<{level}>{record.name}: {super().format(record)}"
 
 
-def setup_logging(level: str = "info", fmt: str = "auto") -> None:
+def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     if fmt == "auto":
         # systemd sets JOURNAL_STREAM when stderr is connected to the journal.
         fmt = "journal" if os.environ.get("JOURNAL_STREAM") else "text"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(stream or sys.stderr)
     if fmt == "journal":
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
@@ -36,6 +37,7 @@ def setup_logging(level: str = "info", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # apscheduler logs every job run at INFO; that is noise at a 1 s GPU interval.
-    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+    # apscheduler logs every job run at INFO, and a skipped run (a probe that outlasted its
+    # interval) at WARNING: both expected, both noise at a 1 s GPU interval.
+    logging.getLogger("apscheduler").setLevel(max(logging.ERROR, root.level))
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,247 @@
+"""`llm-watchdog demo`: the whole loop on a simulated card, in a few minutes.
+
+Starts the heat lab (a simulated GPU and engine over real sockets), the gateway in front of
+it, an extraction batch job that sends its requests through the gateway, and the daemon with
+its canaries, NVML reader (on the simulated card), drift judge and control loop, all in this
+process on real HTTP. A heat scenario compressed in time makes the card throttle; the demo
+prints a line per probe and ends with a summary and where the database is. Ctrl-C stops it
+cleanly: every server and thread it started is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.alerts import AlertEvent, AlertManager
+from watchdog.config import settings_from_dict
+from watchdog.daemon import Daemon
+from watchdog.engine import resolve_model
+from watchdog.gateway import GatewayConfig, GatewayServer
+from watchdog.loadgen import BatchLoad
+from watchdog.logs import setup_logging
+from watchdog.models import GpuSample, ProbeResult
+from watchdog.store import Store
+from watchdog.throttle import reason_names
+
+
+@dataclass
+class DemoOptions:
+    scenario: str = "demo"
+    duration_s: float = 200.0
+    time_scale: float = 20.0
+    probe_interval_s: float = 1.0
+    batch_streams: int = 24  # what the batch job would like in flight
+    default_allowance: int = 12  # the static allowance a user would have set
+    ceiling: int = 24
+    target_p95_ms: float | None = None  # None: the scenario's chat SLO
+    baseline_probes: int = 25
+    document_words: int = 700
+    answer_tokens: int = 200
+    db_path: Path | None = None
+    control: bool = True
+
+
+@dataclass
+class DemoResult:
+    db_path: Path
+    probes: list[tuple[float, ProbeResult, GpuSample | None, int | None]] = field(
+        default_factory=list
+    )
+    alerts: list[AlertEvent] = field(default_factory=list)
+    allowances: list[tuple[float, int]] = field(default_factory=list)
+    batch: dict[str, Any] = field(default_factory=dict)
+
+
+class _ScreenSink:
+    """An alert sink that prints to the demo's screen."""
+
+    name = "screen"
+
+    def __init__(self, say: Callable[[str], None], result: DemoResult) -> None:
+        self.say = say
+        self.result = result
+
+    def accepts(self, alert: AlertEvent) -> bool:
+        return True
+
+    def send(self, alert: AlertEvent) -> None:
+        self.result.alerts.append(alert)
+        mark = "RESOLVED" if alert.state == "resolved" else "ALERT"
+        self.say(f"  >> {mark} {alert.kind}: {alert.message}")
+
+    def close(self) -> None:
+        pass
+
+
+def _line(t: float, r: ProbeResult, g: GpuSample | None, allowance: int | None) -> str:
+    ttft = f"{r.ttft_ms:7.0f} ms" if r.ok and r.ttft_ms is not None else f"{'FAILED':>10}"
+    cold = " cold" if r.cold else ""
+    if g is None:
+        gpu = "GPU -"
+    else:
+        reasons = ",".join(n for n in reason_names(g.throttle_reasons) if n != "gpu_idle")
+        gpu = (
+            f"GPU {g.temp_c:3.0f} °C  SM {g.sm_clock_mhz:4.0f}/{g.sm_clock_max_mhz:4.0f} MHz"
+            f"  {g.power_w:3.0f} W  {reasons or '-'}"
+        )
+    allow = "-" if allowance is None else str(allowance)
+    return f"{t:6.0f}s  TTFT {ttft}{cold:5}  {gpu:<62} batch allowance {allow}"
+
+
+def run_demo(
+    opts: DemoOptions, say: Callable[[str], None] = print, stop: threading.Event | None = None
+) -> DemoResult:
+    from watchdog.sim.scenario import load_scenario
+    from watchdog.sim.server import SimLab
+
+    stop = stop or threading.Event()
+    scenario = load_scenario(opts.scenario)
+    target = opts.target_p95_ms or scenario.slo_chat_ttft_p95_ms or 1000.0
+    workdir = Path(tempfile.mkdtemp(prefix="llm-watchdog-demo-"))
+    db_path = opts.db_path or workdir / "demo.db"
+    result = DemoResult(db_path=db_path)
+    log_file = workdir / "demo.log"
+    log_stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
+    setup_logging("info", "text", stream=log_stream)
+    token_file = workdir / "control-token"
+    token_file.write_text(secrets.token_hex(16))
+    token_file.chmod(0o600)
+
+    started: list[Any] = []  # everything to stop, in reverse order
+    try:
+        lab = SimLab(scenario, time_scale=opts.time_scale, batch_streams=0)
+        lab.start()
+        started.append(lab.stop)
+        gw = GatewayServer(
+            GatewayConfig(
+                upstream_url=lab.url,
+                listen_port=0,
+                batch_default_allowance=opts.default_allowance,
+                batch_ceiling=opts.ceiling,
+                max_queue_wait_s=5.0,
+                control_token=token_file.read_text(),
+            )
+        ).start()
+        started.append(gw.stop)
+        model = resolve_model(lab.url)
+        say(f"heat lab: {scenario.name} ({scenario.description}), {opts.time_scale:g}x time")
+        say(f"engine {lab.url}  gateway {gw.url}  database {db_path}")
+        say(
+            f"chat SLO: TTFT p95 {target:.0f} ms; batch job wants {opts.batch_streams} streams "
+            f"of {opts.document_words}-word documents, static allowance "
+            f"{opts.default_allowance}"
+        )
+        settings = settings_from_dict(
+            {
+                "server": {"url": gw.url, "model": model},
+                "probe": {
+                    "interval": opts.probe_interval_s,
+                    "jitter": 0,
+                    "first_token_timeout": "20s",
+                },
+                "gpu": {"interval": "1s"},
+                "storage": {"path": str(db_path)},
+                "drift": {"baseline_probes": opts.baseline_probes},
+                "api": {"listen": ""},
+                "control": {
+                    "enabled": opts.control,
+                    "gateway_url": gw.url,
+                    "token_file": str(token_file),
+                    "target_p95": target / 1000.0,
+                    "default_allowance": opts.default_allowance,
+                    "ceiling": opts.ceiling,
+                    "interval": "2s",
+                    "lease": "1m",
+                    "drain_time": "10s",
+                },
+            },
+            "demo",
+        )
+        store = Store(db_path)
+        started.append(store.close)
+        alerts = AlertManager([_ScreenSink(say, result)], store)
+        started.append(alerts.close)
+        t0 = time.monotonic()
+
+        def on_probe(r: ProbeResult, g: GpuSample | None) -> None:
+            steer = daemon.steer
+            allowance = steer.allowance if steer else None
+            t = time.monotonic() - t0
+            result.probes.append((t, r, g, allowance))
+            if allowance is not None and (
+                not result.allowances or result.allowances[-1][1] != allowance
+            ):
+                result.allowances.append((t, allowance))
+            say(_line(t, r, g, allowance))
+
+        daemon = Daemon(settings, store, nvml=lab.nvml, alerts=alerts, on_probe=on_probe)
+        daemon.startup()
+        daemon.start_jobs()
+        started.append(lambda: daemon.shutdown(timeout_s=5))
+        load = BatchLoad(
+            gw.url, model, opts.batch_streams, words=opts.document_words, max_tokens=120
+        ).start()
+        started.append(load.stop)
+        stop.wait(opts.duration_s)
+        result.batch = load.stats.as_dict()
+    finally:
+        for fn in reversed(started):
+            try:
+                fn()
+            except Exception as exc:  # keep stopping the rest
+                say(f"(while stopping: {exc})")
+        logging.getLogger().handlers.clear()
+        log_stream.close()
+    return result
+
+
+def summary(result: DemoResult, heat_from_s: float | None = None) -> list[str]:
+    warm = [(t, r, g, a) for t, r, g, a in result.probes if r.ok and not r.cold and r.ttft_ms]
+    lines = ["", "summary"]
+    if warm:
+        ttfts = [r.ttft_ms for _, r, _, _ in warm]
+        lines.append(
+            f"  probes           {len(result.probes)}; warm TTFT p50 "
+            f"{statistics.median(ttfts):.0f} ms, p95 {_p95(ttfts):.0f} ms"
+        )
+    temps = [g.temp_c for _, _, g, _ in result.probes if g is not None and g.temp_c]
+    throttled = [
+        g
+        for _, _, g, _ in result.probes
+        if g is not None and g.throttle_reasons and reason_names(g.throttle_reasons) != ["gpu_idle"]
+    ]
+    if temps:
+        lines.append(
+            f"  GPU              peak {max(temps):.0f} °C; throttled in "
+            f"{len(throttled)} of {len(result.probes)} probes"
+        )
+    if result.allowances:
+        path = " → ".join(str(a) for _, a in result.allowances)
+        lines.append(f"  batch allowance  {path}")
+    fired = [a for a in result.alerts if a.state == "firing"]
+    for a in fired:
+        lines.append(f"  alert            {a.kind} ({a.cause}): {a.message}")
+    if result.batch:
+        lines.append(
+            f"  batch job        {result.batch['ok']} documents done, "
+            f"{result.batch['chars_per_s']:.0f} chars/s, {result.batch['rejected']} "
+            "told to retry later (429)"
+        )
+    db = result.db_path
+    lines.append(f"  database         {db}  (daemon log: {db.parent / 'demo.log'})")
+    lines.append(f"  look closer      LLM_WATCHDOG__STORAGE__PATH={db} llm-watchdog drift")
+    return lines
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
