@@ -47,3 +47,18 @@ def test_dry_run_writes_nothing(tmp_path):
     assert result.exit_code == 0
     assert "ExecStart=" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def test_install_with_the_gateway(tmp_path):
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
+    assert result.exit_code == 0, result.output
+    unit = (tmp_path / "etc/systemd/system/llm-watchdog-gateway.service").read_text()
+    assert f"ExecStart={sys.executable} -m watchdog gateway" in unit
+    assert "EnvironmentFile=-/etc/llm-watchdog/gateway.env" in unit
+    env = (tmp_path / "etc/llm-watchdog/gateway.env").read_text()
+    assert "LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token" in env
+    token = tmp_path / "etc/llm-watchdog/control-token"
+    first = token.read_text()
+    assert len(first.strip()) == 32 and token.stat().st_mode & 0o777 == 0o600
+    again = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
+    assert "kept existing" in again.output and token.read_text() == first

@@ -510,6 +510,12 @@ def main(argv: list[str] | None = None) -> None:
 
 @cli.command()
 @click.option("--user", "user_unit", is_flag=True, help="Install a systemd user unit instead.")
+@click.option(
+    "--gateway",
+    "with_gateway",
+    is_flag=True,
+    help="Also install the gateway's unit, its settings file and a control token.",
+)
 @click.option("--no-start", is_flag=True, help="Write the files; do not enable or start.")
 @click.option("--dry-run", is_flag=True, help="Print what would be written and run.")
 @click.option(
@@ -519,16 +525,20 @@ def main(argv: list[str] | None = None) -> None:
     type=click.Path(file_okay=False),
     help="Install under another root (packaging, tests); implies --no-start.",
 )
-def install(user_unit: bool, no_start: bool, dry_run: bool, root: str) -> None:
+def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, root: str) -> None:
     """Install the systemd service (and a config to edit, if there is none) and start it."""
     from pathlib import Path
 
     from watchdog.install import apply, plan_install
 
     rooted = Path(root).resolve() != Path("/")
-    plan = plan_install(Path(root), user=user_unit, start=not (no_start or rooted))
+    plan = plan_install(
+        Path(root), user=user_unit, start=not (no_start or rooted), gateway=with_gateway
+    )
     if dry_run:
         click.echo(f"# {plan.unit_path}\n{plan.unit_text}")
+        for path, text in plan.units.items():
+            click.echo(f"# {path}\n{text}")
         if plan.write_config:
             click.echo(
                 f"# {plan.config_path}: the example config (llm-watchdog check-config --example)"
