@@ -1,0 +1,492 @@
+"""The allowance law: recent chat latency and the GPU's state in, the next batch allowance out.
+
+Pure and time-injected: `AllowanceController.step(ControlInput)` takes the samples since the
+last step and `now_s`, and returns a `ControlAction` saying what to set and why. No clock,
+socket or database here, so the daemon, `replay` and the heat lab's virtual time run the same
+code.
+
+The law starts from ../shared/DESIGN.md ("The controller, a starting point"), after Breakwater
+(Cho et al., OSDI '20), Netflix concurrency-limits and Envoy's adaptive concurrency filter:
+
+- Signal: ln TTFT of chat (canaries and the gateway's real chat TTFTs); an EWMA of its mean
+  and variance gives p̂95 = exp(μ̂ + 1.645 σ̂). A failed canary is a violation: it enters as a
+  sample at 2T and halves like one.
+- Cut when p̂95 > 0.9 T, to L·max(0.5, 0.9 T / p̂95); halve on one sample over 2 T; at most one
+  cut per drain time (a cut does not stop running batch requests; its effect shows once they
+  have finished).
+- Grow by max(1, ⌈0.05 L⌉) once p̂95 < 0.8 T for 3 samples in a row and a cooldown has passed
+  since the last change; hold in between (the dead band).
+- Under thermal or power throttling, freeze the ceiling at the current allowance until the
+  clocks are normal for `freeze_release_s`.
+
+Measured in the heat lab (tests/benchmarks/bench_control.py), that law as written holds chat
+but stays at its default allowance on most cards: a GeForce or a workstation card under load
+sits at its power cap (SwPowerCap) or its temperature target (SwThermalSlowdown) for hours,
+so "until clocks are normal" never comes. What is changed here, each a `ControlConfig` field
+(`design_law()` puts DESIGN.md's law back):
+
+- `freeze="falling"`: heat means "don't probe upward *while it gets worse*". The ceiling is
+  frozen while the SM clock is still falling under a thermal reason and released once it
+  has held for `freeze_release_s`; a card settled at a lower clock is a slower card, which
+  the latency feedback handles. A power cap alone never freezes: the clock it sets moves
+  with our own load.
+- `window_s`: the SLO is judged per minute, so a few slow answers are a violation whatever
+  an EWMA says. The signal is the larger of the EWMA's p̂95 and the empirical p95 of the
+  samples of the last `window_s` seconds since the last cut.
+- `surge_ratio`: knowing the cause when it is load. Chat comes in bursts, and the cliff
+  (chat queueing behind batch prefills in the engine) comes seconds after a burst starts,
+  faster than running batch requests drain. A surge in chat arrivals (`SurgeDetector`)
+  sheds batch in proportion at once, and how the surge went teaches a ceiling: a surge
+  missed from level L caps growth at `surge_backoff`·L; one as large, met from the cap
+  with room to spare, raises the cap by 1.
+- `app_limited_headroom`: never grow more than this above what the batch job has in flight
+  (Gradient2's "don't grow the limit if we are app limited"): an allowance nobody uses buys
+  nothing, and lets a sudden batch burst swamp chat at once. It also paces growth: every
+  request admitted starts with a long prefill, and many admitted at once prefill together
+  and stall chat for seconds (measured: a jump from 6 to 16 put chat TTFT at 4-5 s).
+- `grow_fast_below`: far below the target (p̂95 < this × T) growth is multiplicative
+  (`grow_fast_fraction`), so an allowance cut by a passing burst comes back in a few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from watchdog.control_signals import LogEwma, SurgeDetector
+from watchdog.stats import quantile
+from watchdog.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reason_names
+
+KINDS = ("cut", "halve", "grow", "hold", "freeze")
+FREEZE_MODES = ("throttled", "falling", "off")
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Settings of the law. Durations in seconds, latencies in milliseconds."""
+
+    target_p95_ms: float  # T: the chat TTFT p95 the SLO promises
+    floor: int = 0  # the allowance never goes below this
+    ceiling: int = 64  # nor above this
+    default_allowance: int = 4  # before the first step, and what a lease falls back to
+    drain_time_s: float = 20.0  # one cut per this: the order of a batch request's life
+    grow_cooldown_s: float = 15.0  # after any change, wait this long before growing
+    grow_fraction: float = 0.05  # additive growth: max(1, ⌈fraction·L⌉)
+    grow_after_samples: int = 3  # p̂95 < grow_ratio·T for this many samples in a row
+    cut_ratio: float = 0.9  # cut when p̂95 > cut_ratio·T ...
+    grow_ratio: float = 0.8  # ... grow when below grow_ratio·T; hold in between
+    halve_ratio: float = 2.0  # one sample over halve_ratio·T halves the allowance
+    max_cut_factor: float = 0.5  # a proportional cut keeps at least this share of L
+    ewma_alpha: float = 0.1  # weight of one sample in the EWMA of ln TTFT
+    min_samples: int = 5  # no decision before this many samples
+    freeze: str = "falling"  # "throttled" (DESIGN.md), "falling" or "off"; module docstring
+    freeze_release_s: float = 180.0
+    min_clock_drop: float = 0.01  # a clock fall smaller than this share is noise (one bin)
+    clock_normal_ratio: float = 0.0  # "throttled": a busy clock under this × max throttles
+    lease_s: float = 120.0  # lease sent with every write; the serving layer falls back after
+    window_s: float = 60.0  # 0: EWMA only
+    window_min_samples: int = 10
+    surge_ratio: float = 2.0  # 0: no surge detection
+    surge_window_s: float = 10.0
+    surge_slow_s: float = 600.0
+    surge_z: float = 2.5
+    surge_min_count: int = 6
+    surge_warmup_s: float = 60.0
+    surge_confirm: int = 2  # steps in a row that must see the surge
+    surge_backoff: float = 0.5
+    app_limited_headroom: int = 2  # 0: off
+    grow_fast_below: float = 0.5  # 0: off
+    grow_fast_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ValueError(f"control: {what}")
+
+        need(self.target_p95_ms > 0, f"target_p95_ms must be > 0 ms, got {self.target_p95_ms}")
+        need(
+            0 <= self.floor <= self.ceiling,
+            f"need 0 ≤ floor ≤ ceiling, got floor {self.floor}, ceiling {self.ceiling}",
+        )
+        need(
+            self.floor <= self.default_allowance <= self.ceiling,
+            f"default_allowance must be within [{self.floor}, {self.ceiling}], "
+            f"got {self.default_allowance}",
+        )
+        need(
+            0 < self.grow_ratio <= self.cut_ratio < self.halve_ratio,
+            "need 0 < grow_ratio ≤ cut_ratio < halve_ratio",
+        )
+        need(0 < self.ewma_alpha <= 1, f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
+        need(0 < self.max_cut_factor < 1, "max_cut_factor must be in (0, 1)")
+        need(0 < self.surge_backoff < 1, "surge_backoff must be in (0, 1)")
+        need(
+            self.freeze in FREEZE_MODES,
+            f"freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}",
+        )
+        need(self.lease_s > 0, f"lease_s must be > 0 s, got {self.lease_s}")
+        for name in ("drain_time_s", "grow_cooldown_s", "freeze_release_s", "window_s"):
+            value = getattr(self, name)
+            need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
+
+
+def design_law(config: ControlConfig) -> ControlConfig:
+    """The same settings with every change turned off: DESIGN.md's law as written."""
+    return replace(
+        config,
+        freeze="throttled",
+        window_s=0.0,
+        surge_ratio=0.0,
+        app_limited_headroom=0,
+        grow_fast_below=0.0,
+    )
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What the law needs from NVML; None anywhere means "not known"."""
+
+    throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+
+    @property
+    def clock_ratio(self) -> float | None:
+        if not self.sm_clock_mhz or not self.sm_clock_max_mhz:
+            return None
+        return self.sm_clock_mhz / self.sm_clock_max_mhz
+
+    def has(self, mask: int) -> bool:
+        return bool(self.throttle_reasons and self.throttle_reasons & mask)
+
+
+@dataclass(frozen=True)
+class ControlInput:
+    """What happened since the last step."""
+
+    now_s: float  # seconds on any steady clock (monotonic in the daemon, virtual in the lab)
+    chat_ttfts_ms: tuple[float, ...] = ()  # canary and real chat TTFTs since the last step
+    failed_canaries: int = 0  # canaries that got no first token: counted as violations
+    gpu: GpuState | None = None  # None: no NVML, the law runs on latency alone
+    batch_inflight: int | None = None  # batch requests running at the serving layer
+    allowance: int | None = None  # the allowance in force, as read back (None: not known)
+
+
+@dataclass(frozen=True)
+class ControlAction:
+    """One decision. `allowance_after` is what to write (equal to before on hold/freeze)."""
+
+    ts: float  # the input's now_s
+    allowance_before: int
+    allowance_after: int
+    reason: str  # one line
+    inputs: dict[str, Any] = field(default_factory=dict)
+    p95_est_ms: float | None = None
+    kind: str = "hold"  # one of KINDS
+
+    @property
+    def changed(self) -> bool:
+        return self.allowance_after != self.allowance_before
+
+
+def is_throttled(gpu: GpuState | None, config: ControlConfig) -> bool:
+    """A thermal or power reason holds the clocks, or a busy clock is under the normal ratio."""
+    if gpu is None:
+        return False
+    if gpu.has(THERMAL_MASK | POWER_MASK):
+        return True
+    ratio = gpu.clock_ratio
+    return ratio is not None and not gpu.has(GPU_IDLE) and ratio < config.clock_normal_ratio
+
+
+class AllowanceController:
+    """The law with its memory. One instance per controlled class; `step` once per interval."""
+
+    def __init__(self, config: ControlConfig) -> None:
+        c = config
+        self.config = c
+        self.allowance = c.default_allowance
+        self.ewma = LogEwma(c.ewma_alpha)
+        self.window: deque[tuple[float, float]] = deque()  # (now_s, ttft_ms) since last cut
+        self.good_streak = 0  # samples in a row with p̂95 < grow_ratio·T
+        self.samples_seen = 0
+        self.last_now_s: float | None = None
+        self.last_cut_s = -math.inf
+        self.last_change_s = -math.inf
+        self.frozen_ceiling: int | None = None
+        self.settled_since_s: float | None = None
+        self.last_clock_ratio: float | None = None
+        self.surge = SurgeDetector(
+            ratio=c.surge_ratio or math.inf,
+            window_s=c.surge_window_s,
+            slow_s=c.surge_slow_s,
+            z=c.surge_z,
+            min_count=c.surge_min_count,
+            warmup_s=c.surge_warmup_s,
+            confirm=c.surge_confirm,
+        )
+        self.surge_base: int | None = None  # the level when the current surge began
+        self.surge_samples: list[float] = []
+        self.surge_peak = 0.0  # the largest ratio of the current surge
+        self.surge_cap: int | None = None  # learned: the highest level surges were met from
+        self.surge_cap_ratio = 0.0  # the size of the largest surge missed
+
+    # -- what came in ----------------------------------------------------------------------
+
+    def _observe(self, inp: ControlInput) -> tuple[float | None, float, bool, list[float]]:
+        """Feed the samples; return (p̂95, worst sample, severe, samples)."""
+        c = self.config
+        t = c.target_p95_ms
+        values = list(inp.chat_ttfts_ms) + [c.halve_ratio * t] * inp.failed_canaries
+        for v in values:
+            self.ewma.add(v)
+            p = self.ewma.p95_ms()
+            self.good_streak = self.good_streak + 1 if p is not None and p < c.grow_ratio * t else 0
+        self.samples_seen += len(values)
+        est = self.ewma.p95_ms()
+        if c.window_s > 0:
+            self.window.extend((inp.now_s, v) for v in values)
+            while self.window and self.window[0][0] <= inp.now_s - c.window_s:
+                self.window.popleft()
+            if est is not None and len(self.window) >= c.window_min_samples:
+                est = max(est, quantile([v for _, v in self.window], 0.95))
+                if est >= c.grow_ratio * t:
+                    self.good_streak = 0
+        worst = max(values, default=0.0)
+        severe = inp.failed_canaries > 0 or worst > c.halve_ratio * t
+        return est, worst, severe, values
+
+    def _clock(self, inp: ControlInput, level: int) -> tuple[bool, float]:
+        """Track throttling and the frozen ceiling; return (throttled, clock fall share)."""
+        c = self.config
+        gpu = inp.gpu
+        throttled = is_throttled(gpu, c)
+        # An idle card shows its idle clock: not a fall, and not a reading to compare with.
+        ratio = gpu.clock_ratio if gpu is not None and not gpu.has(GPU_IDLE) else None
+        drop = 0.0
+        if ratio is not None and self.last_clock_ratio is not None:
+            drop = max(0.0, 1.0 - ratio / self.last_clock_ratio)
+        if ratio is not None:
+            self.last_clock_ratio = ratio
+        if c.freeze == "throttled":
+            freezing = throttled
+        else:
+            heat = gpu is not None and gpu.has(THERMAL_MASK)
+            freezing = c.freeze == "falling" and heat and drop >= c.min_clock_drop
+        if freezing:
+            self.frozen_ceiling = (
+                level if self.frozen_ceiling is None else min(self.frozen_ceiling, level)
+            )
+            self.settled_since_s = None
+        elif self.frozen_ceiling is not None:
+            if self.settled_since_s is None:
+                self.settled_since_s = inp.now_s
+            if inp.now_s - self.settled_since_s >= c.freeze_release_s:
+                self.frozen_ceiling = None
+                self.settled_since_s = None
+        return throttled, drop
+
+    def _surge(self, inp: ControlInput, level: int, values: list[float]) -> float:
+        """The surge ratio while chat surges, else 0; learns the surge cap when one ends."""
+        c = self.config
+        dt = 0.0 if self.last_now_s is None else inp.now_s - self.last_now_s
+        self.last_now_s = inp.now_s
+        if c.surge_ratio <= 0:
+            return 0.0
+        surging = self.surge.add(inp.now_s, len(values), dt)
+        if surging and self.surge_base is None:
+            self.surge_base, self.surge_samples, self.surge_peak = level, [], 0.0
+        elif not surging and self.surge_base is not None:
+            seen = quantile(self.surge_samples, 0.95) if self.surge_samples else 0.0
+            if seen > c.target_p95_ms:
+                cap = max(c.floor, math.floor(self.surge_base * c.surge_backoff))
+                self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
+                self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
+            elif (
+                self.surge_cap is not None
+                and self.surge_base >= self.surge_cap
+                and seen < c.grow_ratio * c.target_p95_ms
+                and self.surge_peak >= 0.8 * self.surge_cap_ratio
+            ):
+                # Met from the cap with room to spare, and as big as the one that was
+                # missed (a small surge met says little about a big one): try one more.
+                self.surge_cap += 1
+            self.surge_base = None
+        if self.surge_base is None:
+            return 0.0
+        self.surge_samples.extend(values)
+        self.surge_peak = max(self.surge_peak, self.surge.last_ratio)
+        return max(self.surge.last_ratio, 1.0)
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def step(self, inp: ControlInput) -> ControlAction:
+        c = self.config
+        t = c.target_p95_ms
+        before = self.allowance if inp.allowance is None else inp.allowance
+        level = min(max(before, c.floor), c.ceiling)
+        est, worst, severe, values = self._observe(inp)
+        throttled, drop = self._clock(inp, level)
+        surge = self._surge(inp, level, values)
+        can_cut = inp.now_s - self.last_cut_s >= c.drain_time_s and level > c.floor
+        shed_to = (
+            None
+            if not surge or self.surge_base is None
+            else max(c.floor, math.floor(self.surge_base / surge))
+        )
+        kind, after = "hold", level
+        if est is None or self.samples_seen < c.min_samples:
+            why = f"waiting for samples ({self.samples_seen}/{c.min_samples})"
+        elif severe and can_cut:
+            kind, after = "halve", max(c.floor, level // 2)
+            why = (
+                f"{inp.failed_canaries} failed canary(ies) count as violations"
+                if inp.failed_canaries
+                else f"a chat TTFT of {worst:.0f} ms is over {c.halve_ratio:g}×T"
+            )
+        elif est > c.cut_ratio * t and can_cut:
+            factor = max(c.max_cut_factor, c.cut_ratio * t / est)
+            kind, after = "cut", max(c.floor, min(level - 1, math.floor(level * factor)))
+            why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
+        elif shed_to is not None and level > shed_to:
+            # Little's law: chat's share of the engine grows with its arrival rate; shed
+            # batch in proportion before the queue shows it.
+            kind, after = "cut", shed_to
+            why = f"chat arriving at {surge:.1f}× its usual rate: shed batch ahead of the queue"
+        elif est >= c.grow_ratio * t:
+            why = (
+                f"p95≈{est:.0f} ms in the dead band"
+                if est <= c.cut_ratio * t
+                else f"p95≈{est:.0f} ms over target, the last cut still draining"
+            )
+        elif self.good_streak < c.grow_after_samples:
+            why = f"p95≈{est:.0f} ms low for {self.good_streak} sample(s) only"
+        elif inp.now_s - self.last_change_s < c.grow_cooldown_s:
+            why = f"p95≈{est:.0f} ms low, in cooldown after the last change"
+        elif surge:
+            why = "chat still arriving faster than usual: no probing upward"
+        else:
+            kind, after, why = self._grow(level, est, inp, throttled)
+        if after < level:
+            self.last_cut_s = inp.now_s
+            self.good_streak = 0
+            # Samples from before a cut tell of the old allowance: the next cut is judged
+            # on what the new one does.
+            self.window.clear()
+            if self.frozen_ceiling is not None:
+                self.frozen_ceiling = min(self.frozen_ceiling, after)
+        if after != level:
+            self.last_change_s = inp.now_s
+        self.allowance = after
+        head = f"{kind} {before} → {after}" if after != before else f"{kind} {after}"
+        inputs = self._inputs(inp, est, worst, throttled, drop, surge)
+        return ControlAction(inp.now_s, before, after, f"{head}: {why}", inputs, est, kind)
+
+    def _grow(
+        self, level: int, est: float, inp: ControlInput, throttled: bool
+    ) -> tuple[str, int, str]:
+        c = self.config
+        fast = c.grow_fast_below > 0 and est < c.grow_fast_below * c.target_p95_ms
+        step = max(1, math.ceil((c.grow_fast_fraction if fast else c.grow_fraction) * level))
+        limit, why_limit = c.ceiling, f"the ceiling {c.ceiling}"
+        if self.frozen_ceiling is not None and self.frozen_ceiling < limit:
+            limit = self.frozen_ceiling
+            why_limit = (
+                "the ceiling frozen while the card is throttled"
+                if throttled
+                else "the ceiling frozen until the clocks have settled"
+            )
+        if self.surge_cap is not None and self.surge_cap < limit:
+            limit, why_limit = self.surge_cap, "the level chat surges were met from"
+        if c.app_limited_headroom > 0 and inp.batch_inflight is not None:
+            used = inp.batch_inflight + c.app_limited_headroom
+            if used < limit:
+                limit, why_limit = used, f"in-flight {inp.batch_inflight} + headroom"
+        after = min(level + step, limit)
+        if after <= level:
+            kind = "freeze" if limit == self.frozen_ceiling else "hold"
+            return kind, level, f"p95≈{est:.0f} ms low, held at {why_limit}"
+        return "grow", after, f"p95≈{est:.0f} ms < {c.grow_ratio:g}×T"
+
+    def _inputs(
+        self,
+        inp: ControlInput,
+        est: float | None,
+        worst: float,
+        throttled: bool,
+        drop: float,
+        surge: float,
+    ) -> dict[str, Any]:
+        gpu = inp.gpu
+        ratio = None if gpu is None else gpu.clock_ratio
+        return {
+            "samples": len(inp.chat_ttfts_ms),
+            "failed_canaries": inp.failed_canaries,
+            "max_ttft_ms": round(worst, 1) if worst else None,
+            "p95_est_ms": None if est is None else round(est, 1),
+            "target_p95_ms": self.config.target_p95_ms,
+            "throttle_reasons": None if gpu is None else gpu.throttle_reasons,
+            "throttle_names": [] if gpu is None else reason_names(gpu.throttle_reasons),
+            "clock_ratio": None if ratio is None else round(ratio, 3),
+            "clock_drop": round(drop, 4),
+            "throttled": throttled,
+            "frozen_ceiling": self.frozen_ceiling,
+            "chat_surge": round(surge, 2) if surge else None,
+            "surge_cap": self.surge_cap,
+            "batch_inflight": inp.batch_inflight,
+            "allowance_read_back": inp.allowance,
+            "latency_only": gpu is None,
+        }
+
+
+def action_row(
+    action: ControlAction,
+    *,
+    ts: float,
+    cls: str = "batch",
+    actuator: str | None = None,
+    lease_s: float | None = None,
+    applied: bool | None = None,
+    apply_detail: str | None = None,
+) -> dict[str, Any]:
+    """A `control_actions` row (migration m004) for a decision; `ts` in unix seconds.
+
+    `applied` is None when nothing was written (a hold), else whether the write succeeded.
+    """
+    return {
+        "ts": ts,
+        "cls": cls,
+        "kind": action.kind,
+        "allowance_before": action.allowance_before,
+        "allowance_after": action.allowance_after,
+        "reason": action.reason,
+        "p95_est_ms": action.p95_est_ms,
+        "inputs": json.dumps(action.inputs, sort_keys=True, default=str),
+        "actuator": actuator,
+        "lease_s": lease_s,
+        "applied": None if applied is None else int(applied),
+        "apply_detail": apply_detail,
+    }
+
+
+def verification_row(
+    *,
+    ts: float,
+    kind: str,
+    detail: str,
+    allowance: int | None = None,
+    inflight: int | None = None,
+    queued: int | None = None,
+) -> dict[str, Any]:
+    """The columns that complete a `control_actions` row once its write has been checked."""
+    return {
+        "verify_ts": ts,
+        "verify_kind": kind,
+        "verify_detail": detail,
+        "read_allowance": allowance,
+        "read_inflight": inflight,
+        "read_queued": queued,
+    }

@@ -1,0 +1,125 @@
+"""The estimates the allowance law runs on: p95 of chat TTFT, arrival rates, surges.
+
+Pure: samples and times in, numbers out; see watchdog/control.py for how they are used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from watchdog.stats import Ewma
+
+Z95 = 1.6448536269514722  # Φ⁻¹(0.95): the 95th percentile of a normal, in standard deviations
+
+
+class LogEwma:
+    """EWMA of the mean and variance of ln x; p95 = exp(μ̂ + 1.645 σ̂) (log-normal TTFT).
+
+    `watchdog.stats.Ewma` does the update; the weight of a sample is max(α, 1/n), so the
+    first samples make an ordinary mean instead of the first one being remembered far too
+    long.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self._ewma = Ewma(alpha)
+
+    @property
+    def n(self) -> int:
+        return self._ewma.n
+
+    def add(self, x_ms: float) -> None:
+        self._ewma.alpha = max(self.alpha, 1.0 / (self._ewma.n + 1))
+        self._ewma.update(math.log(max(x_ms, 1e-3)))
+
+    def p95_ms(self) -> float | None:
+        e = self._ewma
+        if e.mean is None:
+            return None
+        return math.exp(e.mean + Z95 * math.sqrt(e.var))
+
+
+class RateEwma:
+    """Events per second, an EWMA in time with time constant `tau_s`.
+
+    Until `tau_s` seconds have been seen it is the plain mean rate so far, so a first
+    interval that happened to be quiet (or busy) does not stand for the usual rate.
+    """
+
+    def __init__(self, tau_s: float) -> None:
+        self.tau_s = tau_s
+        self.rate: float | None = None
+        self.seen_s = 0.0
+        self.count = 0
+
+    def add(self, count: int, dt_s: float) -> None:
+        if dt_s <= 0:
+            return
+        self.seen_s += dt_s
+        self.count += count
+        if self.seen_s <= self.tau_s or self.rate is None:
+            self.rate = self.count / self.seen_s
+            return
+        w = 1.0 - math.exp(-dt_s / self.tau_s)
+        self.rate += w * (count / dt_s - self.rate)
+
+
+class SurgeDetector:
+    """Is chat arriving much faster than usual right now?
+
+    Arrivals over the last `window_s` seconds are compared with what the usual rate (an
+    EWMA over `slow_s`) predicts. A surge must be large (`ratio` × the usual), unlikely to
+    be chance (a Poisson count `z` standard deviations over its mean: z = 3 is about one
+    window in 700), and not tiny (`min_count`). It ends when the ratio falls under halfway
+    between 1 and `ratio`. The usual rate keeps learning during a surge, so a surge much
+    longer than `slow_s` becomes the new usual; none is called before `warmup_s` of history.
+    """
+
+    def __init__(
+        self,
+        *,
+        ratio: float,
+        window_s: float,
+        slow_s: float,
+        z: float,
+        min_count: int,
+        warmup_s: float,
+        confirm: int = 1,
+    ) -> None:
+        self.ratio = ratio
+        self.window_s = window_s
+        self.z = z
+        self.min_count = min_count
+        self.warmup_s = warmup_s
+        self.usual = RateEwma(slow_s)
+        self.recent: deque[tuple[float, int, float]] = deque()  # (now_s, count, dt_s)
+        self.confirm = confirm  # calls in a row that must see it before it is a surge
+        self.streak = 0
+        self.surging = False
+        self.last_ratio = 0.0
+
+    def add(self, now_s: float, count: int, dt_s: float) -> bool:
+        """Count the arrivals of the last `dt_s` seconds; True while a surge lasts."""
+        if dt_s <= 0:
+            return self.surging
+        self.recent.append((now_s, count, dt_s))
+        while self.recent and self.recent[0][0] <= now_s - self.window_s:
+            self.recent.popleft()
+        n = sum(k for _, k, _ in self.recent)
+        span = sum(d for _, _, d in self.recent)
+        usual = self.usual.rate
+        expected = (usual or 0.0) * span
+        self.usual.add(count, dt_s)
+        self.last_ratio = n / expected if expected > 0 else 0.0
+        if self.usual.seen_s < self.warmup_s or expected <= 0:
+            self.surging = False
+            return False
+        big = self.last_ratio >= self.ratio and n >= self.min_count
+        unlikely = n >= expected + self.z * math.sqrt(expected)
+        self.streak = self.streak + 1 if big and unlikely else 0
+        if self.streak >= self.confirm:
+            self.surging = True
+        elif self.surging and self.last_ratio < 0.5 * (1.0 + self.ratio):
+            self.surging = False
+        return self.surging
