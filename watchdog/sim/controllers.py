@@ -104,11 +104,21 @@ def register_controller(name: str, factory: ControllerFactory) -> None:
 
 
 def controller_names() -> list[str]:
+    _load_project_controllers()
     return sorted(_REGISTRY)
+
+
+def _load_project_controllers() -> None:
+    # The allowance law and its comparison baselines live outside the lab (watchdog.control);
+    # importing them here, late, keeps the lab free of a dependency it does not need to start.
+    from watchdog import control_sim
+
+    control_sim.register()
 
 
 def make_controller(spec: str, ctx: ControllerContext) -> Controller:
     """`none`, `static:4`, a registered `name[:ARG]`, or `package.module:factory[:ARG]`."""
+    _load_project_controllers()
     name, _, arg = spec.partition(":")
     if "." in name:
         attr, _, arg = arg.partition(":")
