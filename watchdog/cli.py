@@ -408,6 +408,16 @@ GPU_COLUMNS = [
     "throttle_reasons",
     "reasons",
 ]
+CONTROL_COLUMNS = [
+    "time",
+    "kind",
+    "allowance_before",
+    "allowance_after",
+    "p95_est_ms",
+    "applied",
+    "verify_kind",
+    "reason",
+]
 BUCKET_COLUMNS = [
     "time",
     "span_s",
@@ -432,6 +442,12 @@ BUCKET_COLUMNS = [
 @click.option("--until", help="End (default now): a duration back or an ISO date.")
 @click.option("--gpu", "gpu", is_flag=True, help="GPU samples instead of probes.")
 @click.option(
+    "--control",
+    "control",
+    is_flag=True,
+    help="Batch-allowance decisions (with reason and verification) instead.",
+)
+@click.option(
     "--resolution",
     type=click.Choice(["auto", "raw", "1m", "1h"]),
     default="auto",
@@ -453,6 +469,7 @@ def history(
     since: str,
     until: str | None,
     gpu: bool,
+    control: bool,
     resolution: str,
     limit: int | None,
     export_to: str | None,
@@ -466,6 +483,16 @@ def history(
     now = time.time()
     since_ts, until_ts = when_arg(since, now), when_arg(until, now)
     assert since_ts is not None
+    if control:
+        with open_store(settings) as store:
+            rows = store.rows(
+                "SELECT * FROM control_actions WHERE ts >= ? AND ts < ? ORDER BY ts, id",
+                (since_ts, until_ts if until_ts is not None else float("inf")),
+            )
+        for r in rows[-limit:] if limit else rows:
+            r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
+        emit(rows[-limit:] if limit else rows, CONTROL_COLUMNS, fmt)
+        return
     if export_to:
         from watchdog.cli_judge import export_trace_to
 
