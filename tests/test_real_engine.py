@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,166 @@ def test_cold_start_is_recorded_apart_and_kept_out_of_the_baseline(tmp_path, pse
         monitor.observe(observation_from(r, None, cold=r.cold))
     baseline = monitor.pop_new_baseline()
     assert baseline is not None and baseline.n == 20  # the 20 warm probes, not the cold one
+
+
+# ---- the whole loop, real: gateway in front of llama-server, batch load, daemon ----------
+
+
+@pytest.fixture(scope="module")
+def loop_server():
+    try:
+        server = LlamaServer(parallel=8)
+    except Unavailable as exc:
+        pytest.fail(f"real engine tier selected but not installed: {exc}")
+    with server:
+        yield server
+
+
+def test_openai_client_and_curl_stream_through_the_gateway(llama):
+    import shutil
+    import subprocess
+
+    import openai
+
+    from watchdog.gateway import GatewayConfig, GatewayServer
+
+    with GatewayServer(GatewayConfig(upstream_url=llama.url, listen_port=0)) as gw:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+        try:
+            stream = client.chat.completions.create(
+                model="smollm2",
+                stream=True,
+                max_tokens=12,
+                temperature=0,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": "What is the capital of France? Answer in one word.",
+                    }
+                ],
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        finally:
+            client.close()
+        assert "paris" in text.lower()
+        if shutil.which("curl") is None:
+            pytest.fail("curl is needed for this test (Debian package curl)")
+        body = (
+            '{"model":"smollm2","stream":true,"max_tokens":8,"messages":'
+            '[{"role":"user","content":"Say hi"}]}'
+        )
+        out = subprocess.run(
+            [
+                "curl",
+                "-sN",
+                f"{gw.url}/v1/chat/completions",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    events = [line for line in out.splitlines() if line.startswith("data: ")]
+    assert len(events) >= 3 and events[-1] == "data: [DONE]"
+
+
+@pytest.mark.timeout(600)
+def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
+    loop_server, tmp_path
+):
+    from watchdog.gateway import GatewayConfig, GatewayServer
+    from watchdog.loadgen import BatchLoad
+
+    token = "real-engine-token"
+    (tmp_path / "token").write_text(token)
+    with GatewayServer(
+        GatewayConfig(
+            upstream_url=loop_server.url,
+            listen_port=0,
+            batch_default_allowance=6,
+            batch_ceiling=8,
+            control_token=token,
+            max_queue_wait_s=5,
+        )
+    ) as gw:
+        settings = settings_from_dict(
+            {
+                "server": {"url": gw.url},
+                "probe": {"interval": "1s", "jitter": 0, "first_token_timeout": "30s"},
+                "gpu": {"enabled": False},
+                "storage": {"path": str(tmp_path / "wd.db")},
+                "drift": {"baseline_probes": 20},
+                "api": {"listen": ""},
+                "control": {
+                    "enabled": True,
+                    "gateway_url": gw.url,
+                    "token_file": str(tmp_path / "token"),
+                    "target_p95": "1s",
+                    "default_allowance": 6,
+                    "ceiling": 8,
+                    "interval": "2s",
+                    "drain_time": "8s",
+                    "lease": "2m",
+                },
+            },
+            "t.toml",
+        )
+        with Store(settings.storage.path) as store:
+            daemon = Daemon(settings, store)
+            daemon.startup()
+
+            def caught() -> bool:
+                return bool(
+                    store.rows("SELECT id FROM drift_events WHERE kind = 'latency'")
+                    and store.rows(
+                        "SELECT id FROM control_actions WHERE "
+                        "kind IN ('cut', 'halve') AND applied = 1"
+                    )
+                )
+
+            def probe_for(seconds: float, until: Any = None) -> list:
+                # The daemon's jobs, driven here in step: a probe a second (a slow probe
+                # delays the next, as max_instances=1 does), a control step every 2 s.
+                out, end = [], time.monotonic() + seconds
+                next_step = time.monotonic()
+                while time.monotonic() < end and not (until and until()):
+                    t0 = time.monotonic()
+                    out.append(daemon.probe_once())
+                    if time.monotonic() >= next_step:
+                        daemon.steer.step()
+                        next_step = time.monotonic() + 2.0
+                    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+                return out
+
+            try:
+                quiet = probe_for(25)  # learns the baseline: chat alone
+                with BatchLoad(gw.url, daemon.model, 6, words=700, max_tokens=64):
+                    # A slow probe takes seconds, so detection takes minutes of wall time.
+                    loaded = probe_for(200, until=caught)
+                    after = probe_for(30)
+                    allowance = httpx_get(f"{gw.url}/control")["classes"]["batch"]["allowance"]
+            finally:
+                daemon.shutdown(timeout_s=5)
+            events = store.rows("SELECT * FROM drift_events WHERE kind = 'latency'")
+            cuts = store.rows(
+                "SELECT * FROM control_actions WHERE kind IN ('cut', 'halve') AND applied = 1"
+            )
+            verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
+    base = statistics.median(r.ttft_ms for r in quiet if r.ok and not r.cold)
+    worst = max(r.ttft_ms or 0.0 for r in loaded)
+    recent = statistics.median(r.ttft_ms for r in after if r.ok)
+    assert worst > 4 * base, (base, worst)  # the batch job wrecked chat's tail
+    assert events and events[0]["cause"] == "load", events
+    assert cuts and allowance < 6, (cuts, allowance)
+    assert verified, "each write is read back from the gateway"
+    assert recent < worst / 3, (base, worst, recent)  # chat came back toward its baseline
+
+
+def httpx_get(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url, timeout=5).json()
