@@ -115,7 +115,7 @@ def bench(
 
 
 @cli.command()
-@click.option("--duration", default="200s", show_default=True, help="How long to run.")
+@click.option("--duration", default="210s", show_default=True, help="How long to run.")
 @click.option(
     "--scenario",
     default="demo",

@@ -36,7 +36,7 @@ from watchdog.throttle import reason_names
 @dataclass
 class DemoOptions:
     scenario: str = "demo"
-    duration_s: float = 200.0
+    duration_s: float = 210.0
     time_scale: float = 20.0
     probe_interval_s: float = 1.0
     batch_streams: int = 24  # what the batch job would like in flight

@@ -84,6 +84,7 @@ class BatchLoad:
         max_tokens: int = 64,
         api_key: str | None = None,
         seed: int = 1,
+        ramp_s: float = 0.0,
     ) -> None:
         self.url = api_root(url) + "/v1/chat/completions"
         self.model = model
@@ -98,6 +99,8 @@ class BatchLoad:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._wanted = streams
+        # Workers of a real batch job come up over some seconds, not in one instant.
+        self.ramp_s = ramp_s
 
     def start(self) -> BatchLoad:
         self._grow()
@@ -138,6 +141,8 @@ class BatchLoad:
             return self._seed
 
     def _run(self, index: int) -> None:
+        if self.ramp_s and self._wanted:
+            self._stop.wait(self.ramp_s * index / self._wanted)
         timeout = httpx.Timeout(120.0, connect=5.0)
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             while not self._stop.is_set():
