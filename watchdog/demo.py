@@ -39,9 +39,9 @@ class DemoOptions:
     duration_s: float = 210.0
     time_scale: float = 20.0
     probe_interval_s: float = 1.0
-    batch_streams: int = 24  # what the batch job would like in flight
-    default_allowance: int = 12  # the static allowance a user would have set
-    ceiling: int = 24
+    batch_streams: int = 16  # what the batch job would like in flight
+    default_allowance: int = 6  # the static allowance a user would have set
+    ceiling: int = 16
     target_p95_ms: float | None = None  # None: the scenario's chat SLO
     baseline_probes: int = 25
     document_words: int = 700
@@ -59,6 +59,8 @@ class DemoResult:
     alerts: list[AlertEvent] = field(default_factory=list)
     allowances: list[tuple[float, int]] = field(default_factory=list)
     batch: dict[str, Any] = field(default_factory=dict)
+    # (label, start s, end s) of the scenario's phases, in the demo's real seconds.
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class _ScreenSink:
@@ -133,6 +135,7 @@ def run_demo(
         ).start()
         started.append(gw.stop)
         model = resolve_model(lab.url)
+        result.phases = _phases(scenario, opts)
         say(f"heat lab: {scenario.name} ({scenario.description}), {opts.time_scale:g}x time")
         say(f"engine {lab.url}  gateway {gw.url}  database {db_path}")
         say(
@@ -162,6 +165,8 @@ def run_demo(
                     "interval": "2s",
                     "lease": "1m",
                     "drain_time": "10s",
+                    # The card's minutes pass time_scale times faster than the controller's.
+                    "freeze_release": 180.0 / opts.time_scale,
                 },
             },
             "demo",
@@ -204,7 +209,24 @@ def run_demo(
     return result
 
 
-def summary(result: DemoResult, heat_from_s: float | None = None) -> list[str]:
+def _phases(scenario: Any, opts: DemoOptions) -> list[tuple[str, float, float]]:
+    """Cut the run where the scenario's ambient temperature changes."""
+    marks = [
+        (e.at_s / opts.time_scale, e.ambient_c)
+        for e in scenario.schedule
+        if e.ambient_c is not None
+    ]
+    out, start, ambient = [], 0.0, scenario.gpu.ambient_c
+    for at, new in marks:
+        if at >= opts.duration_s:
+            break
+        out.append((f"air {ambient:.0f} °C", start, at))
+        start, ambient = at, new
+    out.append((f"air {ambient:.0f} °C", start, opts.duration_s + 60))
+    return out
+
+
+def summary(result: DemoResult) -> list[str]:
     warm = [(t, r, g, a) for t, r, g, a in result.probes if r.ok and not r.cold and r.ttft_ms]
     lines = ["", "summary"]
     if warm:
@@ -227,6 +249,18 @@ def summary(result: DemoResult, heat_from_s: float | None = None) -> list[str]:
     if result.allowances:
         path = " → ".join(str(a) for _, a in result.allowances)
         lines.append(f"  batch allowance  {path}")
+    for label, start, end in result.phases:
+        rows = [(r, g, a) for t, r, g, a in result.probes if start <= t < end]
+        ttfts = [r.ttft_ms for r, _, _ in rows if r.ok and not r.cold and r.ttft_ms]
+        allow = [a for _, _, a in rows if a is not None]
+        clocks = [g.sm_clock_mhz for _, g, _ in rows if g is not None and g.sm_clock_mhz]
+        if not ttfts:
+            continue
+        lines.append(
+            f"  {start:4.0f}-{min(end, result.probes[-1][0]):4.0f}s {label:<9} chat p95 "
+            f"{_p95(ttfts):5.0f} ms, SM clock median {statistics.median(clocks):5.0f} MHz, "
+            f"allowance {min(allow) if allow else '-'}..{max(allow) if allow else '-'}"
+        )
     fired = [a for a in result.alerts if a.state == "firing"]
     for a in fired:
         lines.append(f"  alert            {a.kind} ({a.cause}): {a.message}")

@@ -1,0 +1,55 @@
+"""`llm-watchdog demo` end to end, shortened: heat lab, gateway, batch job, daemon, real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from watchdog.demo import DemoOptions, run_demo, summary
+from watchdog.store import Store
+from watchdog.throttle import THERMAL_MASK
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
+    threads_before = {t.name for t in threading.enumerate()}
+    said: list[str] = []
+    opts = DemoOptions(
+        duration_s=110, time_scale=30, baseline_probes=20, db_path=tmp_path / "demo.db"
+    )
+    result = run_demo(opts, say=said.append)
+    lines = summary(result)
+
+    assert len(result.probes) > 50
+    assert sum(r.ok for _, r, _, _ in result.probes) >= 0.95 * len(result.probes)
+    hot = [
+        g
+        for _, _, g, _ in result.probes
+        if g is not None and g.throttle_reasons and g.throttle_reasons & THERMAL_MASK
+    ]
+    assert hot, "the fans stop: the card must throttle for heat"
+    kinds = {a.kind for a in result.alerts if a.state == "firing"}
+    assert kinds & {"heat_warning", "chat_slowed"}, kinds
+    assert len({a for _, a in result.allowances}) > 1, "the controller moved the allowance"
+    with Store(result.db_path) as store:
+        writes = store.rows(
+            "SELECT * FROM control_actions WHERE applied = 1 AND "
+            "allowance_after != allowance_before"
+        )
+        verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
+        assert store.rows("SELECT * FROM baselines")
+    assert writes and verified
+    assert any("batch allowance" in line for line in lines)
+    assert any(str(result.db_path) in line for line in lines)
+
+    # Everything it started is stopped: no server answers, no thread of its own is left.
+    url = next(s for s in said if s.startswith("engine ")).split()[1]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
+    time.sleep(0.5)
+    leftover = {t.name for t in threading.enumerate()} - threads_before
+    assert not {n for n in leftover if not n.startswith(("alerts:", "Thread-"))}, leftover
