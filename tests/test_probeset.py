@@ -47,7 +47,7 @@ def test_default_set_ships_short_checked_prompts() -> None:
     assert len({p.id for p in ps.prompts}) == len(ps)
     assert ps.sha256 == hashlib.sha256(ps.path.read_bytes()).hexdigest()
     for p in ps.prompts:
-        assert 1 <= p.max_tokens <= 24
+        assert p.max_tokens in range(1, 25)
         assert [m["role"] for m in p.messages] == ["user"]
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -169,9 +170,7 @@ def probe(
     from dataclasses import replace
 
     from watchdog.daemon import probe_options
-    from watchdog.engine import detect_engine
     from watchdog.probe import Prober
-    from watchdog.probeset import ProbeSetError, load_probe_set
 
     settings = settings_from(ctx)
     server = replace(
@@ -186,20 +185,14 @@ def probe(
         cache_mode=cache_mode or settings.probe.cache_mode,
     )
     settings = replace(settings, server=server, probe=probe_s)
-    try:
-        pset = load_probe_set(probe_s.probe_set)
-    except ProbeSetError as exc:
-        raise Fail(str(exc)) from None
-    api_key = _api_key(settings)
-    info = detect_engine(server.url, api_key=api_key)
-    if info.engine == "unreachable":
-        raise Fail(_unreachable(server.url, info))
-    chosen = server.model
-    if chosen == "auto":
-        if not info.models:
-            raise Fail(f"{server.url} lists no models at /v1/models: pass --model NAME")
-        chosen = info.models[0]
-    engine = server.engine if server.engine != "auto" else info.engine
+    target = reach_server(settings)
+    pset, api_key, info, chosen, engine = (
+        target.probe_set,
+        target.api_key,
+        target.info,
+        target.model,
+        target.engine,
+    )
     results = []
     with Prober(server.url, chosen, probe_options(settings, engine), api_key=api_key) as prober:
         for _ in range(rounds):
@@ -224,6 +217,40 @@ def probe(
             )
     if failed:
         sys.exit(EXIT_FAILURE)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server the CLI is about to probe: reachable, with its model and engine known."""
+
+    probe_set: Any
+    api_key: str | None
+    info: Any  # watchdog.engine.EngineInfo
+    model: str
+    engine: str
+
+
+def reach_server(settings: Settings) -> Target:
+    """Load the probe set, reach `server.url`, pick the model and engine; one-line errors."""
+    from watchdog.engine import detect_engine
+    from watchdog.probeset import ProbeSetError, load_probe_set
+
+    server = settings.server
+    try:
+        pset = load_probe_set(settings.probe.probe_set)
+    except ProbeSetError as exc:
+        raise Fail(str(exc)) from None
+    api_key = _api_key(settings)
+    info = detect_engine(server.url, api_key=api_key)
+    if info.engine == "unreachable":
+        raise Fail(_unreachable(server.url, info))
+    model = server.model
+    if model == "auto":
+        if not info.models:
+            raise Fail(f"{server.url} lists no models at /v1/models: pass --model NAME")
+        model = info.models[0]
+    engine = server.engine if server.engine != "auto" else info.engine
+    return Target(pset, api_key, info, model, engine)
 
 
 def _api_key(settings: Settings) -> str | None:

@@ -227,21 +227,10 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 # ---- trace export / replay ------------------------------------------------------------------
 
-TRACE_COLUMNS = [
-    "ts",
-    "ttft_ms",
-    "ok",
-    "cold",
-    "quality_pass",
-    "gpu_temp_c",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "power_w",
-    "power_limit_w",
-    "throttle_reasons",
-    "batch_inflight",
-    "batch_allowance",
-]
+def _trace_columns() -> tuple[str, ...]:
+    from watchdog.drift.replay import CONTRACT_COLUMNS
+
+    return (*CONTRACT_COLUMNS, "temp_slowdown_c")
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
@@ -251,7 +240,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(TRACE_COLUMNS)
+    writer.writerow(_trace_columns())
     n = 0
 
     def cell(v: Any) -> Any:
@@ -280,6 +269,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
                     g.throttle_reasons if g else None,
                     r.get("batch_inflight"),
                     r.get("batch_allowance"),
+                    g.temp_slowdown_c if g else None,
                 )
             ]
         )

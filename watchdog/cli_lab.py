@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from watchdog.cli import Fail, _api_key, _unreachable, cli, settings_from
+from watchdog.cli import Fail, cli, reach_server, settings_from
 from watchdog.gateway.cli import gateway
 from watchdog.output import emit, listing_options
 from watchdog.sim.cli import sim
@@ -63,9 +63,7 @@ def bench(
     from watchdog.bench import run_bench
     from watchdog.daemon import probe_options
     from watchdog.durations import parse_duration
-    from watchdog.engine import detect_engine
     from watchdog.probe import Prober
-    from watchdog.probeset import ProbeSetError, load_probe_set
 
     settings = settings_from(ctx)
     try:
@@ -79,16 +77,8 @@ def bench(
         settings.server, url=url or settings.server.url, model=model or settings.server.model
     )
     settings = replace(settings, server=server)
-    try:
-        pset = load_probe_set(settings.probe.probe_set)
-    except ProbeSetError as exc:
-        raise Fail(str(exc)) from None
-    api_key = _api_key(settings)
-    info = detect_engine(server.url, api_key=api_key)
-    if info.engine == "unreachable":
-        raise Fail(_unreachable(server.url, info))
-    chosen = server.model if server.model != "auto" else (info.models or ("default",))[0]
-    engine = server.engine if server.engine != "auto" else info.engine
+    target = reach_server(settings)
+    pset, api_key, chosen = target.probe_set, target.api_key, target.model
 
     def progress(row: Any) -> None:
         if fmt == "table":
@@ -99,7 +89,8 @@ def bench(
                 err=True,
             )
 
-    with Prober(server.url, chosen, probe_options(settings, engine), api_key=api_key) as prober:
+    opts = probe_options(settings, target.engine)
+    with Prober(server.url, chosen, opts, api_key=api_key) as prober:
         rows = run_bench(
             prober,
             pset,

@@ -22,7 +22,9 @@ from watchdog.drift.monitor import DriftMonitor
 from watchdog.drift.values import DriftConfig, DriftEvent, Observation
 
 REQUIRED = ("ts", "ttft_ms")
-OPTIONAL = (
+# The replay trace contract of DESIGN.md, in its order.
+CONTRACT_COLUMNS = (
+    *REQUIRED,
     "ok",
     "cold",
     "quality_pass",
@@ -34,8 +36,10 @@ OPTIONAL = (
     "throttle_reasons",
     "batch_inflight",
     "batch_allowance",
-    "temp_slowdown_c",  # not in the contract's list; NVML reports it once per GPU
 )
+# Beyond the contract: NVML reports the slowdown threshold once per GPU; with it a replay
+# gives the heat warnings the daemon gave.
+OPTIONAL = (*CONTRACT_COLUMNS[2:], "temp_slowdown_c")
 FLOAT_COLUMNS = (
     "gpu_temp_c",
     "sm_clock_mhz",
