@@ -42,6 +42,9 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
         )
         verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
         assert store.rows("SELECT * FROM baselines")
+        # Each probe row keeps the batch state it was sent under, for trace export and replay.
+        steered = store.rows("SELECT batch_allowance FROM probes WHERE batch_allowance > 0")
+        assert len(steered) > 0.8 * len(result.probes)
     assert writes and verified
     assert any("batch allowance" in line for line in lines)
     assert any(str(result.db_path) in line for line in lines)

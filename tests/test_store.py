@@ -248,6 +248,8 @@ def test_every_probe_field_round_trips(store: Store) -> None:
         quality_pass=False,
         load_duration_ms=1500.0,
         cold=True,
+        batch_inflight=5,
+        batch_allowance=6,
     )
     assert all(getattr(full, f.name) != f.default for f in dataclasses.fields(ProbeResult))
     sparse = probe(T0 + 1, ttft_ms=None, total_ms=None, quality_pass=None)

@@ -213,14 +213,19 @@ class Daemon:
         if result.ok:
             self._cold_pending = False
             self._last_probe_ts = result.ts
-        result = replace(result, cold=cold)
+        steer = self.steer
+        result = replace(
+            result,
+            cold=cold,
+            batch_inflight=steer.inflight if steer else None,
+            batch_allowance=steer.allowance if steer else None,
+        )
         self.store.record_probe(result, self.fingerprint_id)
         self.last_result = result
         self.probe_metrics.add(
             result.ok, result.error_class, result.ttft_ms, result.cold, result.quality_pass
         )
         gpu = self.serving_gpu()
-        steer = self.steer
         if steer is not None:
             steer.canary(result)
         if self.judge is not None:
@@ -229,8 +234,8 @@ class Daemon:
                     result,
                     gpu,
                     temp_slowdown_c=self._slowdown_c(gpu),
-                    batch_inflight=steer.inflight if steer else None,
-                    batch_allowance=steer.allowance if steer else None,
+                    batch_inflight=result.batch_inflight,
+                    batch_allowance=result.batch_allowance,
                 )
         if self.on_probe:
             self.on_probe(result, gpu)

@@ -49,6 +49,10 @@ class ProbeResult:
     quality_pass: bool | None = None  # None when there was no answer to judge
     load_duration_ms: float | None = None  # Ollama: model load time (cold start)
     cold: bool = False
+    # The serving layer's batch state when the probe was sent (None without a gateway):
+    # what tells "load" from heat, kept so an exported trace replays to the same cause.
+    batch_inflight: int | None = None
+    batch_allowance: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
