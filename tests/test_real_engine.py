@@ -191,6 +191,8 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
 def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
     loop_server, tmp_path
 ):
+    from watchdog.cli_judge import export_trace
+    from watchdog.drift import replay_file
     from watchdog.gateway import GatewayConfig, GatewayServer
     from watchdog.loadgen import BatchLoad
 
@@ -269,6 +271,12 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
                 "SELECT * FROM control_actions WHERE kind IN ('cut', 'halve') AND applied = 1"
             )
             verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
+            trace = tmp_path / "trace.csv"
+            with open(trace, "w", newline="") as fh:
+                export_trace(store, None, None, fh)
+    # The exported trace replays through the same detector to the same event and cause.
+    replayed = [e for e in replay_file(trace, settings.drift_config()) if e.kind == "latency"]
+    assert replayed and replayed[0].cause == "load", replayed
     base = statistics.median(r.ttft_ms for r in quiet if r.ok and not r.cold)
     worst = max(r.ttft_ms or 0.0 for r in loaded)
     recent = statistics.median(r.ttft_ms for r in after if r.ok)
