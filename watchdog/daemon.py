@@ -26,6 +26,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from watchdog.api import ApiServer, ProbeMetrics
 from watchdog.config import Settings
+from watchdog.drift import classify_cold
 from watchdog.engine import EngineInfo, detect_engine, resolve_model
 from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
 from watchdog.gpu import NvmlReader
@@ -97,8 +98,8 @@ class Daemon:
         self.fingerprint_id: str | None = None
         self.prober: Prober | None = None
         self._next_prompt = 0
-        self._last_probe_ts: float | None = None
-        self._cold_pending = True  # the first probe after start is a cold start
+        self._last_ok_ts: float | None = None  # None: the next probe is a cold start
+        self._last_ok_fingerprint: str | None = None
         self._lock = threading.Lock()
         self._judge_lock = threading.Lock()
         self.alerts = alerts
@@ -185,7 +186,6 @@ class Daemon:
         if self.fingerprint is not None and fp.id != self.fingerprint.id:
             changes = describe_change(self.fingerprint.key_fields(), fp)
             log.warning("runtime changed: %s", "; ".join(changes) or fp.id)
-            self._cold_pending = True
         self.fingerprint = fp
         self.fingerprint_id = self.store.record_fingerprint(fp)
         if self.judge is not None:
@@ -204,15 +204,19 @@ class Daemon:
             prober = self.prober
         assert prober is not None, "startup() first"
         result = prober.probe(prompt, self.probe_set.name, now=self.clock)
-        cold = self._cold_pending
-        idle = self.settings.drift.cold_after_idle_s
-        if self._last_probe_ts is not None and result.ts - self._last_probe_ts > idle:
-            cold = True
-        if result.load_duration_ms and result.load_duration_ms > 1.0:
-            cold = True  # Ollama loaded the model for this request
+        # Judged against the last probe that got an answer: until one does, the engine has
+        # not shown it is warm.
+        cold = classify_cold(
+            ts=result.ts,
+            previous_ts=self._last_ok_ts,
+            fingerprint_id=self.fingerprint_id,
+            previous_fingerprint_id=self._last_ok_fingerprint,
+            load_duration_ms=result.load_duration_ms,
+            idle_after_s=self.settings.drift.cold_after_idle_s,
+        ).cold
         if result.ok:
-            self._cold_pending = False
-            self._last_probe_ts = result.ts
+            self._last_ok_ts = result.ts
+            self._last_ok_fingerprint = self.fingerprint_id
         steer = self.steer
         result = replace(
             result,
