@@ -3,36 +3,21 @@ simulated card, its probes go to the simulated engine, and the rows it writes sh
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 
 import pytest
 
+from tests.test_sim_server import steady_decode_heat_scenario
 from watchdog.config import settings_from_dict
 from watchdog.daemon import Daemon
 from watchdog.sim.gpu import THROTTLE_BITS
-from watchdog.sim.scenario import load_scenario
 from watchdog.sim.server import SimLab
 from watchdog.store import Store
 
 
 @pytest.mark.slow
 def test_daemon_rows_show_rising_temperature_falling_clocks_reason_bits_rising_ttft(tmp_path):
-    # The consumer card under a batch job decoding long answers (steady steps), with the heat
-    # compressed 40x: the thermal time constant becomes 6 s.
-    sc = load_scenario("consumer-warm-room")
-    sc = dataclasses.replace(
-        sc,
-        engine=dataclasses.replace(sc.engine, load_full_batch_tokens=24),
-        batch=dataclasses.replace(
-            sc.batch,
-            streams=24,
-            prompt_tokens_min=50,
-            prompt_tokens_max=60,
-            output_tokens_min=50_000,
-            output_tokens_max=60_000,
-        ),
-    )
+    sc = steady_decode_heat_scenario()
     db = tmp_path / "wd.db"
     with SimLab(sc, time_scale=40) as lab, Store(db) as store:
         settings = settings_from_dict(

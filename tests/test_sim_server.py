@@ -17,7 +17,7 @@ from watchdog.gpu import NvmlReader
 from watchdog.probe import ProbeOptions, Prober
 from watchdog.probeset import load_probe_set
 from watchdog.sim.gpu import THROTTLE_BITS
-from watchdog.sim.scenario import load_scenario
+from watchdog.sim.scenario import Scenario, load_scenario
 from watchdog.sim.server import LabError, SimLab
 
 QUESTION = "What is the capital of France? Answer in one word."
@@ -153,12 +153,11 @@ def test_a_port_in_use_is_a_one_line_error() -> None:
             SimLab("workstation", port=port).start()
 
 
-@pytest.mark.slow
-def test_probe_and_nvml_reader_see_the_heat_over_real_sockets() -> None:
-    # The consumer card under a batch job that decodes long answers (steady steps, no prefill
-    # bursts to blur TTFT), heat compressed 40×: τ = 6 s, GPU_MAX within seconds.
+def steady_decode_heat_scenario() -> Scenario:
+    """The consumer card under a batch job that decodes long answers (steady steps, no prefill
+    bursts to blur TTFT); compressed 40× its heat reaches GPU_MAX within seconds (τ = 6 s)."""
     sc = load_scenario("consumer-warm-room")
-    sc = dataclasses.replace(
+    return dataclasses.replace(
         sc,
         engine=dataclasses.replace(sc.engine, load_full_batch_tokens=24),
         batch=dataclasses.replace(
@@ -170,6 +169,11 @@ def test_probe_and_nvml_reader_see_the_heat_over_real_sockets() -> None:
             output_tokens_max=60_000,
         ),
     )
+
+
+@pytest.mark.slow
+def test_probe_and_nvml_reader_see_the_heat_over_real_sockets() -> None:
+    sc = steady_decode_heat_scenario()
     probe_set = load_probe_set("default")
     prompt = probe_set.prompts[0]
     rows = []

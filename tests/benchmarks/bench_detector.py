@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from watchdog import stats  # noqa: E402
 from watchdog.drift import DriftConfig, DriftMonitor, Observation  # noqa: E402
+from watchdog.drift.replay import OPTIONAL, REQUIRED  # noqa: E402
 
 INTERVAL_S = 10.0
 WEEK = 7 * 24 * 3600 / INTERVAL_S  # probes per week
@@ -215,22 +216,8 @@ def stationary_trace(rng: np.random.Generator, sigma: float, rho: float, probes:
     return Trace(f"noise-s{sigma}", to_obs(ar_t_noise(rng, n, sigma, rho), quiet_gpu(rng, n)))
 
 
-CSV_COLUMNS = (
-    "ts",
-    "ttft_ms",
-    "ok",
-    "cold",
-    "quality_pass",
-    "gpu_temp_c",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "power_w",
-    "power_limit_w",
-    "throttle_reasons",
-    "batch_inflight",
-    "batch_allowance",
-    "temp_slowdown_c",  # optional column the replay parser also takes
-)
+# The replay contract's columns plus the slowdown threshold, as `replay` reads them.
+CSV_COLUMNS = (*REQUIRED, *OPTIONAL)
 
 
 def write_trace_csv(trace: Trace, path: Path) -> None:
