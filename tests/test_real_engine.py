@@ -234,16 +234,18 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
             daemon = Daemon(settings, store)
             daemon.startup()
 
-            def caught() -> bool:
+            def detected() -> bool:
+                return bool(store.rows("SELECT id FROM drift_events WHERE kind = 'latency'"))
+
+            def cut() -> bool:
                 return bool(
-                    store.rows("SELECT id FROM drift_events WHERE kind = 'latency'")
-                    and store.rows(
+                    store.rows(
                         "SELECT id FROM control_actions WHERE "
                         "kind IN ('cut', 'halve') AND applied = 1"
                     )
                 )
 
-            def probe_for(seconds: float, until: Any = None) -> list:
+            def probe_for(seconds: float, until: Any = None, steer: bool = True) -> list:
                 # The daemon's jobs, driven here in step: a probe a second (a slow probe
                 # delays the next, as max_instances=1 does), a control step every 2 s.
                 out, end = [], time.monotonic() + seconds
@@ -251,7 +253,7 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
                 while time.monotonic() < end and not (until and until()):
                     t0 = time.monotonic()
                     out.append(daemon.probe_once())
-                    if time.monotonic() >= next_step:
+                    if steer and time.monotonic() >= next_step:
                         daemon.steer.step()
                         next_step = time.monotonic() + 2.0
                     time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
@@ -260,8 +262,13 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
             try:
                 quiet = probe_for(25)  # learns the baseline: chat alone
                 with BatchLoad(gw.url, daemon.model, 6, words=700, max_tokens=64):
-                    # A slow probe takes seconds, so detection takes minutes of wall time.
-                    loaded = probe_for(200, until=caught)
+                    # Seeing first, with the controller held: a controller that cuts within
+                    # seconds leaves the detector too few slow probes to be sure, and under
+                    # load one probe takes up to half a minute here, so detection takes
+                    # minutes of wall time on two cores.
+                    loaded = probe_for(300, until=detected, steer=False)
+                    # Then acting: the controller cuts through the gateway and chat recovers.
+                    loaded += probe_for(120, until=cut)
                     after = probe_for(30)
                     allowance = httpx_get(f"{gw.url}/control")["classes"]["batch"]["allowance"]
             finally:
@@ -274,9 +281,6 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
             trace = tmp_path / "trace.csv"
             with open(trace, "w", newline="") as fh:
                 export_trace(store, None, None, fh)
-    # The exported trace replays through the same detector to the same event and cause.
-    replayed = [e for e in replay_file(trace, settings.drift_config()) if e.kind == "latency"]
-    assert replayed and replayed[0].cause == "load", replayed
     base = statistics.median(r.ttft_ms for r in quiet if r.ok and not r.cold)
     worst = max(r.ttft_ms or 0.0 for r in loaded)
     recent = statistics.median(r.ttft_ms for r in after if r.ok)
@@ -285,6 +289,10 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
     assert cuts and allowance < 6, (cuts, allowance)
     assert verified, "each write is read back from the gateway"
     assert recent < worst / 3, (base, worst, recent)  # chat came back toward its baseline
+    # The exported trace replays through the same detector to the same event and cause.
+    replayed = [e for e in replay_file(trace, settings.drift_config()) if e.kind == "latency"]
+    assert replayed and replayed[0].cause == "load", replayed
+    assert replayed[0].start_ts == events[0]["start_ts"], (replayed[0], events[0])
 
 
 def httpx_get(url: str) -> dict:
