@@ -82,6 +82,42 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
     assert inputs["latency_only"] is True  # no NVML here: the law runs on latency alone
 
 
+def test_a_dry_run_decides_and_records_but_leaves_the_gateway_alone(tmp_path):
+    clock = Clock()
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0)
+    with (
+        StreamServer(answer="ok") as upstream,
+        GatewayServer(
+            GatewayConfig(
+                upstream_url=upstream.url,
+                listen_port=0,
+                batch_default_allowance=8,
+                batch_ceiling=16,
+                control_token=TOKEN,
+            )
+        ) as gw,
+        Store(tmp_path / "wd.db") as store,
+    ):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock, dry_run=True)
+        try:
+            for _ in range(12):
+                for _ in range(3):
+                    steer.canary(canary(400.0))
+                clock.t += 5
+                steer.step()
+            state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
+        finally:
+            steer.close()
+        rows = store.rows("SELECT * FROM control_actions ORDER BY id")
+    assert state["allowance"] == 8 and state["lease_expires_at"] is None  # nothing written
+    assert steer.allowance == 8 and steer.inflight == 0  # read back from the gateway
+    cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
+    # Each cut is judged from what is really in force (8), so the law would cut again and
+    # again, one drain time apart; none is applied, each says so.
+    assert len(cuts) >= 2 and all(r["allowance_before"] == 8 for r in cuts)
+    assert all(r["applied"] is None and r["apply_detail"] == "dry run: not written" for r in cuts)
+
+
 class LyingActuator:
     """Says yes to every write and then reports something else."""
 

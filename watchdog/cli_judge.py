@@ -227,6 +227,7 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 # ---- trace export / replay ------------------------------------------------------------------
 
+
 def _trace_columns() -> tuple[str, ...]:
     from watchdog.drift.replay import CONTRACT_COLUMNS
 

@@ -140,6 +140,9 @@ class ControlSettings:
     """The control loop that steers the batch allowance (watchdog.control holds the law)."""
 
     enabled: bool = False
+    # Decide and record every step, read the serving layer back, but never write: what the
+    # controller would do, shown by `history --control`, before it is trusted to act.
+    dry_run: bool = False
     actuator: str = _choice("gateway", "gateway", "haproxy", "command")
     gateway_url: str = "http://127.0.0.1:8090"
     # The gateway's control token, from a file or an environment variable.

@@ -100,6 +100,8 @@ class ControlConfig:
     app_limited_headroom: int = 2  # 0: off
     grow_fast_below: float = 0.5  # 0: off
     grow_fast_fraction: float = 0.25
+    grow_step_max: int = 0  # 0: off; else never grow by more than this in one step
+    surge_cap_probe: bool = True  # a surge met from the cap with room to spare raises it by 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -306,7 +308,8 @@ class AllowanceController:
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
                 self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
             elif (
-                self.surge_cap is not None
+                c.surge_cap_probe
+                and self.surge_cap is not None
                 and self.surge_base >= self.surge_cap
                 and seen < c.grow_ratio * c.target_p95_ms
                 and self.surge_peak >= 0.8 * self.surge_cap_ratio
@@ -391,6 +394,8 @@ class AllowanceController:
         c = self.config
         fast = c.grow_fast_below > 0 and est < c.grow_fast_below * c.target_p95_ms
         step = max(1, math.ceil((c.grow_fast_fraction if fast else c.grow_fraction) * level))
+        if c.grow_step_max > 0:
+            step = min(step, c.grow_step_max)
         limit, why_limit = c.ceiling, f"the ceiling {c.ceiling}"
         if self.frozen_ceiling is not None and self.frozen_ceiling < limit:
             limit = self.frozen_ceiling

@@ -430,12 +430,19 @@ def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
     c = settings.control
     config = settings.control_config()
     if c.actuator == "gateway":
-        return gateway_steer(config, c.gateway_url, settings.control_token(), store, alerts=alerts)
+        return gateway_steer(
+            config,
+            c.gateway_url,
+            settings.control_token(),
+            store,
+            alerts=alerts,
+            dry_run=c.dry_run,
+        )
     if c.actuator == "haproxy":
         actuator: Any = HaproxyActuator(c.haproxy_socket, c.haproxy_backend, c.haproxy_server)
     else:
         actuator = CommandActuator(c.command)
-    return Steer(config, actuator, store, alerts=alerts)
+    return Steer(config, actuator, store, alerts=alerts, dry_run=c.dry_run)
 
 
 def _utc(ts: float) -> Any:

@@ -52,8 +52,11 @@ class Steer:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,
+        dry_run: bool = False,
     ) -> None:
         self.config = config
+        # Read back and decide, never write (config `control.dry_run`).
+        self.dry_run = dry_run
         self.law = AllowanceController(config)
         self.actuator = actuator
         self.store = store
@@ -157,6 +160,11 @@ class Steer:
         # out, the gateway restarted), and in time to renew the lease.
         renew = self._last_write_s is None or now_s - self._last_write_s > self.config.lease_s / 3
         target = action.allowance_after
+        if self.dry_run:
+            self._record_dry(action, now_s)
+            # The law judges the next step from what is really in force.
+            self.allowance = in_force
+            return action
         if action.changed or in_force != target or renew:
             self._write(action, target, now_s)
         elif now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
@@ -164,6 +172,26 @@ class Steer:
             self.store.insert("control_actions", action_row(action, ts=self.clock()))
         self.allowance = target
         return action
+
+    def _record_dry(self, action: ControlAction, now_s: float) -> None:
+        if action.changed:
+            log.warning(
+                "dry run: would set batch allowance %d -> %d: %s",
+                action.allowance_before,
+                action.allowance_after,
+                action.reason,
+            )
+        elif now_s - self._last_hold_record_s < HOLD_RECORD_EVERY_S:
+            return
+        else:
+            self._last_hold_record_s = now_s
+        row = action_row(
+            action,
+            ts=self.clock(),
+            actuator=self.actuator.name,
+            apply_detail="dry run: not written" if action.changed else None,
+        )
+        self.store.insert("control_actions", row)
 
     def _write(self, action: ControlAction, target: int, now_s: float) -> None:
         res = self.actuator.apply(target, self.config.lease_s, action.reason)

@@ -16,6 +16,12 @@ script as the client, on raw asyncio sockets with keep-alive connections.
 
 On a shared machine the figures move from run to run; the script says how busy the
 machine was (1-minute load average) beside them.
+
+With two cores or more the proxy under test runs on a core of its own and the engine and
+this client on the others (`--no-pin` turns that off). A proxy sharing one core with the
+client that measures it is measuring the client: on a two-core machine, unpinned, each of
+64 streams' chunks wakes three processes on two cores, and the run-queue wait shows up as
+"added TTFT" however fast the proxy is.
 """
 
 from __future__ import annotations
@@ -209,11 +215,30 @@ async def hold_open(port: int, n: int, hold_s: float, proc: psutil.Process) -> f
 # -- processes ---------------------------------------------------------------------------
 
 
+# CPU sets: (proxy under test, everything else); None when not pinning.
+PINS: tuple[set[int], set[int]] | None = None
+
+
+def plan_pins(enabled: bool) -> tuple[set[int], set[int]] | None:
+    if not enabled or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def pin(pid: int, proxy: bool) -> None:
+    if PINS is not None:
+        os.sched_setaffinity(pid, PINS[0] if proxy else PINS[1])
+
+
 @contextmanager
 def engine_process() -> Iterator[int]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve-engine"], stdout=subprocess.PIPE, text=True
     )
+    pin(proc.pid, proxy=False)
     try:
         assert proc.stdout is not None
         yield int(proc.stdout.readline())
@@ -245,6 +270,7 @@ def gateway_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
         env=env,
         cwd=ROOT,
     )
+    pin(proc.pid, proxy=True)
     assert proc.stderr is not None
     port = 0
     while not port:
@@ -277,6 +303,7 @@ def haproxy_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        pin(proc.pid, proxy=True)
         try:
             deadline = time.monotonic() + 10
             while not _listening(port):
@@ -323,6 +350,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--no-haproxy", action="store_true")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="let the OS place every process (no own core)"
+    )
     parser.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
@@ -339,7 +369,17 @@ def main() -> None:
         64: (max(2, int(10 * scale)), "events=16&interval_ms=20"),
     }
     use_haproxy = not args.no_haproxy and shutil.which("haproxy") is not None
+    global PINS
+    PINS = plan_pins(not args.no_pin)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (1 min)")
+    if PINS is None:
+        print("placement: unpinned (every process shares every core)")
+    else:
+        print(
+            f"placement: proxy on CPU {sorted(PINS[0])}, engine and client on CPU "
+            f"{sorted(PINS[1])}"
+        )
+        pin(os.getpid(), proxy=False)
 
     with ExitStack() as stack:
         engine_port = stack.enter_context(engine_process())
