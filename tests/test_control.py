@@ -309,6 +309,54 @@ def test_surge_cap_rises_only_for_a_surge_as_big_met_with_room() -> None:
     assert c.surge_cap == 7
 
 
+def test_a_cut_acts_on_what_runs_not_on_room_nobody_uses() -> None:
+    assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # DESIGN.md's
+    c = ours(default_allowance=16)
+    # 8 of 16 running: a cut to 12 would change nothing; p̂95 1200 cuts 8 × 0.75
+    a = c.step(inp(0.0, 1200.0, batch_inflight=8))
+    assert (a.kind, a.allowance_before, a.allowance_after) == ("cut", 16, 6)
+    c = ours(default_allowance=16)
+    a = c.step(inp(0.0, 2500.0, batch_inflight=6))  # over 2T: half of what runs
+    assert (a.kind, a.allowance_after) == ("halve", 3)
+    c = ours(default_allowance=8)
+    a = c.step(inp(0.0, 1200.0, batch_inflight=12))  # more running than allowed (a cut
+    assert a.allowance_after == 6  # still draining): the allowance is the basis
+
+
+def test_surge_cap_is_learned_from_the_level_before_the_cuts() -> None:
+    c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, surge_confirm=2)
+    now = 0.0
+    for _ in range(24):  # two minutes of fast chat at 1/s, 12 in force
+        c.step(ControlInput(now, (200.0,) * 5))
+        now += 5.0
+    a = c.step(ControlInput(now, (1200.0,) * 20))  # the burst: slow, not yet confirmed
+    assert (a.kind, a.allowance_after) == ("cut", 6)
+    now += 5.0
+    while True:  # confirmed at 6, after the latency cut; missed; then it ends
+        a = c.step(ControlInput(now, (1200.0,) * 20 if now < 160.0 else (200.0,) * 5))
+        now += 5.0
+        if not c.surge.surging and now > 160.0:
+            break
+    # missed from 12, the level it began at: ⌊0.5 × 12⌋, not ⌊0.5 × 6⌋
+    assert c.surge_cap == 6
+
+
+def test_surge_detector_ends_only_after_confirmation_too() -> None:
+    d = SurgeDetector(
+        ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0, confirm=2
+    )
+    t = 0.0
+    for _ in range(20):
+        t += 5.0
+        d.add(t, 5, 5.0)
+    d.add(t + 5.0, 20, 5.0)
+    assert d.add(t + 10.0, 20, 5.0) is True
+    assert d.add(t + 15.0, 20, 5.0) is True
+    assert d.add(t + 20.0, 1, 5.0) is True  # one thin count (21 in 10 s): still the surge
+    assert d.add(t + 25.0, 2, 5.0) is True  # under 1.5× once (3 in 10 s) ...
+    assert d.add(t + 30.0, 5, 5.0) is False  # ... and twice in a row: over
+
+
 def test_surge_detector_needs_a_large_unlikely_count() -> None:
     d = SurgeDetector(ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0)
     t = 0.0

@@ -44,6 +44,11 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
   nothing, and lets a sudden batch burst swamp chat at once. It also paces growth: every
   request admitted starts with a long prefill, and many admitted at once prefill together
   and stall chat for seconds (measured: a jump from 6 to 16 put chat TTFT at 4-5 s).
+- `cut_from_running`: a cut (proportional or halving) is taken from what runs,
+  min(allowance, batch in flight): an allowance above the batch requests in flight is room
+  nobody uses, and a cut of that room alone changes nothing for chat (measured: cuts of 66
+  to 65 with 64 running, each undone a step later, were a third of the datacenter
+  scenario's changes in steady state).
 - `grow_fast_below`: far below the target (p̂95 < this × T) growth is multiplicative
   (`grow_fast_fraction`), so an allowance cut by a passing burst comes back in a few steps.
 """
@@ -100,6 +105,7 @@ class ControlConfig:
     app_limited_headroom: int = 2  # 0: off
     grow_fast_below: float = 0.5  # 0: off
     grow_fast_fraction: float = 0.25
+    cut_from_running: bool = True  # cut min(allowance, in flight), not the allowance
     grow_step_max: int = 0  # 0: off; else never grow by more than this in one step
     surge_cap_probe: bool = True  # a surge met from the cap with room to spare raises it by 1
 
@@ -144,6 +150,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         surge_ratio=0.0,
         app_limited_headroom=0,
         grow_fast_below=0.0,
+        cut_from_running=False,
     )
 
 
@@ -230,7 +237,9 @@ class AllowanceController:
             warmup_s=c.surge_warmup_s,
             confirm=c.surge_confirm,
         )
-        self.surge_base: int | None = None  # the level when the current surge began
+        self.surge_base: int | None = None  # the level when the current surge was confirmed
+        self.surge_onset = 0  # the highest level in the lookback before it was confirmed
+        self.recent_levels: deque[tuple[float, int]] = deque()
         self.surge_samples: list[float] = []
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
@@ -299,18 +308,25 @@ class AllowanceController:
         if c.surge_ratio <= 0:
             return 0.0
         surging = self.surge.add(inp.now_s, len(values), dt)
+        self.recent_levels.append((inp.now_s, level))
+        while self.recent_levels[0][0] < inp.now_s - 2 * c.surge_window_s:
+            self.recent_levels.popleft()
         if surging and self.surge_base is None:
             self.surge_base, self.surge_samples, self.surge_peak = level, [], 0.0
+            # A surge is confirmed steps after it began, and a latency cut often comes
+            # first: what it was met or missed from is the level before those cuts. Learning
+            # from the cut level instead sank the cap to 1 after one missed surge.
+            self.surge_onset = max(lv for _, lv in self.recent_levels)
         elif not surging and self.surge_base is not None:
             seen = quantile(self.surge_samples, 0.95) if self.surge_samples else 0.0
             if seen > c.target_p95_ms:
-                cap = max(c.floor, math.floor(self.surge_base * c.surge_backoff))
+                cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
                 self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
             elif (
                 c.surge_cap_probe
                 and self.surge_cap is not None
-                and self.surge_base >= self.surge_cap
+                and self.surge_onset >= self.surge_cap
                 and seen < c.grow_ratio * c.target_p95_ms
                 and self.surge_peak >= 0.8 * self.surge_cap_ratio
             ):
@@ -340,11 +356,18 @@ class AllowanceController:
             if not surge or self.surge_base is None
             else max(c.floor, math.floor(self.surge_base / surge))
         )
+        # A cut acts on what runs: an allowance above the batch requests in flight is room
+        # nobody uses, and cutting only that changes nothing for chat.
+        running = (
+            min(level, inp.batch_inflight)
+            if c.cut_from_running and inp.batch_inflight is not None
+            else level
+        )
         kind, after = "hold", level
         if est is None or self.samples_seen < c.min_samples:
             why = f"waiting for samples ({self.samples_seen}/{c.min_samples})"
         elif severe and can_cut:
-            kind, after = "halve", max(c.floor, level // 2)
+            kind, after = "halve", max(c.floor, running // 2)
             why = (
                 f"{inp.failed_canaries} failed canary(ies) count as violations"
                 if inp.failed_canaries
@@ -352,7 +375,7 @@ class AllowanceController:
             )
         elif est > c.cut_ratio * t and can_cut:
             factor = max(c.max_cut_factor, c.cut_ratio * t / est)
-            kind, after = "cut", max(c.floor, min(level - 1, math.floor(level * factor)))
+            kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * factor)))
             why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
         elif shed_to is not None and level > shed_to:
             # Little's law: chat's share of the engine grows with its arrival rate; shed

@@ -72,8 +72,9 @@ class SurgeDetector:
     EWMA over `slow_s`) predicts. A surge must be large (`ratio` × the usual), unlikely to
     be chance (a Poisson count `z` standard deviations over its mean: z = 3 is about one
     window in 700), and not tiny (`min_count`). It ends when the ratio falls under halfway
-    between 1 and `ratio`. The usual rate keeps learning during a surge, so a surge much
-    longer than `slow_s` becomes the new usual; none is called before `warmup_s` of history.
+    between 1 and `ratio` (for `confirm` calls in a row). The usual rate keeps learning
+    during a surge, so a surge much longer than `slow_s` becomes the new usual; none is
+    called before `warmup_s` of history.
     """
 
     def __init__(
@@ -96,6 +97,9 @@ class SurgeDetector:
         self.recent: deque[tuple[float, int, float]] = deque()  # (now_s, count, dt_s)
         self.confirm = confirm  # calls in a row that must see it before it is a surge
         self.streak = 0
+        # Ending takes as many calls in a row as starting: one thin count in a burst's
+        # 10-s window does not split it into two surges.
+        self.low_streak = 0
         self.surging = False
         self.last_ratio = 0.0
 
@@ -118,8 +122,10 @@ class SurgeDetector:
         big = self.last_ratio >= self.ratio and n >= self.min_count
         unlikely = n >= expected + self.z * math.sqrt(expected)
         self.streak = self.streak + 1 if big and unlikely else 0
+        low = self.last_ratio < 0.5 * (1.0 + self.ratio)
+        self.low_streak = self.low_streak + 1 if low else 0
         if self.streak >= self.confirm:
             self.surging = True
-        elif self.surging and self.last_ratio < 0.5 * (1.0 + self.ratio):
+        elif self.surging and self.low_streak >= self.confirm:
             self.surging = False
         return self.surging

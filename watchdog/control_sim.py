@@ -65,7 +65,14 @@ class SimController:
 
 
 # The ControlConfig fields that design_law() turns off.
-ADDITIONS = ("freeze", "window_s", "surge_ratio", "app_limited_headroom", "grow_fast_below")
+ADDITIONS = (
+    "freeze",
+    "window_s",
+    "surge_ratio",
+    "app_limited_headroom",
+    "grow_fast_below",
+    "cut_from_running",
+)
 
 
 def sim_config(ctx: ControllerContext, overrides: dict[str, Any] | None = None) -> ControlConfig:

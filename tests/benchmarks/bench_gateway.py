@@ -6,13 +6,15 @@ the gateway (`llm-watchdog gateway`, one asyncio event loop: one core at most), 
 script as the client, on raw asyncio sockets with keep-alive connections.
 
 - Added TTFT: client-side time from writing the request to the first body chunk, at 1, 16
-  and 64 concurrent streams; the gateway's p50/p99 minus the direct p50/p99.
+  and 64 concurrent streams; the gateway's p50/p99 minus the direct p50/p99. Each worker
+  starts at its own moment within one answer's length (`--in-step`: all at once).
 - Relay rate: 64 streams paced like token output, so each SSE event is its own chunk. The
   events relayed per CPU-second of the gateway process is its capacity on one core; a
   saturated run (engine writes as fast as it can) is shown beside it.
 - Memory per open stream: the gateway's RSS growth with N streams held open, / N.
 
-    .venv/bin/python tests/benchmarks/bench_gateway.py [--quick] [--no-haproxy]
+    .venv/bin/python tests/benchmarks/bench_gateway.py [--quick] [--no-haproxy] [--no-pin]
+        [--in-step]
 
 On a shared machine the figures move from run to run; the script says how busy the
 machine was (1-minute load average) beside them.
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -158,18 +161,26 @@ class Conn:
             self.writer.close()
 
 
-async def ttft_run(port: int, concurrency: int, per_worker: int, query: str) -> list[float]:
+async def ttft_run(
+    port: int, concurrency: int, per_worker: int, query: str, stagger_s: float = 0.0
+) -> list[float]:
     conns = [Conn(port) for _ in range(concurrency)]
     for c in conns:  # connect and warm each connection (and the gateway's pool) first
         await c.stream("events=2")
     out: list[float] = []
+    # Independent users: each starts at its own moment within one answer's length. Started
+    # together, equal-length answers keep every worker in step, and each round arrives as one
+    # wave of `concurrency` requests at the same instant, which no chat traffic does; the
+    # wave's last request then waits behind all the others' set-up, in any proxy.
+    offsets = random.Random(concurrency).sample(range(1000), concurrency)
 
-    async def worker(c: Conn) -> None:
+    async def worker(c: Conn, offset: int) -> None:
+        await asyncio.sleep(stagger_s * offset / 1000)
         for _ in range(per_worker):
             ttft, _ = await c.stream(query)
             out.append(ttft)
 
-    await asyncio.gather(*(worker(c) for c in conns))
+    await asyncio.gather(*(worker(c, o) for c, o in zip(conns, offsets, strict=True)))
     for c in conns:
         c.close()
     return out
@@ -351,6 +362,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--no-haproxy", action="store_true")
     parser.add_argument(
+        "--in-step",
+        action="store_true",
+        help="start every worker at once (waves of simultaneous requests)",
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="let the OS place every process (no own core)"
     )
     parser.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
@@ -368,6 +384,8 @@ def main() -> None:
         16: (max(2, int(25 * scale)), "events=16&interval_ms=20"),
         64: (max(2, int(10 * scale)), "events=16&interval_ms=20"),
     }
+    # one answer's length (16 events 20 ms apart): the window the workers' starts spread over
+    stagger_s = 0.0 if args.in_step else 0.3
     use_haproxy = not args.no_haproxy and shutil.which("haproxy") is not None
     global PINS
     PINS = plan_pins(not args.no_pin)
@@ -390,7 +408,11 @@ def main() -> None:
         }
         if use_haproxy:
             proxies["haproxy"] = stack.enter_context(haproxy_process(engine_port))
-        report(proxies, levels, scale)
+        print(
+            "arrivals: "
+            + ("in step (every worker at once)" if stagger_s == 0 else "workers staggered")
+        )
+        report(proxies, levels, scale, stagger_s)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
@@ -398,6 +420,7 @@ def report(
     proxies: dict[str, tuple[int, psutil.Process | None]],
     levels: dict[int, tuple[int, str]],
     scale: float,
+    stagger_s: float,
 ) -> None:
     print("\nTTFT, client side (request written -> first body chunk), milliseconds;")
     print("cpu us/req: the proxy process's CPU time (user+sys) per request in that run")
@@ -409,7 +432,7 @@ def report(
         base: tuple[float, float] | None = None
         for name, (port, proc) in proxies.items():
             before = cpu_s(proc) if proc else 0.0
-            ttfts = asyncio.run(ttft_run(port, concurrency, per_worker, query))
+            ttfts = asyncio.run(ttft_run(port, concurrency, per_worker, query, stagger_s))
             cpu = f"{(cpu_s(proc) - before) / len(ttfts) * 1e6:.0f}" if proc else ""
             p50, p99 = pct(ttfts, 0.50) * 1000, pct(ttfts, 0.99) * 1000
             if base is None:
