@@ -12,7 +12,6 @@ from watchdog.config import (
     load_settings,
     settings_from_dict,
 )
-from watchdog.durations import format_duration, parse_duration
 from watchdog.resources import package_file
 from watchdog.timeargs import parse_when
 
@@ -21,34 +20,6 @@ def write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "config.toml"
     p.write_text(text)
     return p
-
-
-@pytest.mark.parametrize(
-    "text, seconds",
-    [
-        ("10s", 10),
-        ("5m", 300),
-        ("2h", 7200),
-        ("1h30m", 5400),
-        ("250ms", 0.25),
-        (7, 7),
-        ("1d", 86400),
-    ],
-)
-def test_durations(text, seconds):
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("bad", ["", "10x", "s10", "-5", "ten seconds", True])
-def test_bad_durations_say_what_is_expected(bad):
-    with pytest.raises(ValueError, match="duration"):
-        parse_duration(bad)
-
-
-def test_format_duration():
-    assert format_duration(90) == "1m30s"
-    assert format_duration(0.25) == "250ms"
-    assert format_duration(86400 * 14) == "14d"
 
 
 def test_defaults_without_a_file(tmp_path):

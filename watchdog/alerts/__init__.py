@@ -24,7 +24,6 @@ from watchdog.alerts.manager import (
 )
 from watchdog.alerts.policy import AlertPolicy, AlertRules
 from watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink, Sink
-from watchdog.alerts.text import format_duration, format_ms
 from watchdog.alerts.webhook import WebhookSink
 
 __all__ = [
@@ -46,8 +45,6 @@ __all__ = [
     "Sink",
     "WebhookSink",
     "alert_config_from_dict",
-    "format_duration",
-    "format_ms",
     "load_alerts",
     "send_test",
     "sinks_from_config",

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from watchdog.alerts.events import SEVERITIES, AlertEvent, severity_rank
-from watchdog.alerts.text import format_duration, resolved_message
+from watchdog.durations import human_duration
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,10 @@ class AlertPolicy:
     def _summary(self, kind: str, held: _Held, now: float) -> AlertEvent:
         label = kind.replace("_", " ")
         n = held.count
-        limit = f"{self.rules.max_per_window} per {format_duration(self.rules.window_s)}"
+        limit = f"{self.rules.max_per_window} per {human_duration(self.rules.window_s)}"
         message = (
             f"{n} more {label} alert{'s' if n != 1 else ''} held back by the rate limit "
-            f"({limit}) in the last {format_duration(now - held.first_ts)}"
+            f"({limit}) in the last {human_duration(now - held.first_ts)}"
         )
         if held.ended:
             message += f"; {held.ended} of them already ended"
@@ -163,3 +163,9 @@ class AlertPolicy:
             severity=held.severity if held.severity in SEVERITIES else "warning",
             fields={"held": n, "ended": held.ended, "held_keys": sorted(held.keys)},
         )
+
+
+def resolved_message(title: str, duration_s: float | None, detail: str | None = None) -> str:
+    """The line of a resolved alert: how long it lasted, and what it was."""
+    line = f"Resolved after {human_duration(duration_s)}: {title}"
+    return line + (f"; {detail}" if detail else "")

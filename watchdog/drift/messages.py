@@ -3,7 +3,8 @@
     Chat slowed under heat: p95 TTFT 1.9 s vs 0.8 s baseline; GPU 86 °C, SM 1450/1980 MHz,
     SwThermalSlowdown for 7 min
 
-Unknown figures are left out rather than printed as "None".
+Unknown figures are left out rather than printed as "None". Durations and latencies are
+spelled by watchdog.durations, as in every alert.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from watchdog.drift.cause import longest_reason
+from watchdog.durations import human_duration, human_ms
 
 HEADLINES = {
     "thermal": "Chat slowed under heat",
@@ -18,27 +20,6 @@ HEADLINES = {
     "load": "Chat slowed under batch load",
     "unknown": "Chat slowed, cause unknown",
 }
-
-
-def fmt_ms(ms: float | None, scale_of: float | None = None) -> str:
-    """ "850 ms", "1.9 s", "12 s"; the unit follows the larger of ms and scale_of."""
-    if ms is None:
-        return "?"
-    scale = max(ms, scale_of or 0.0)
-    if scale < 1000:
-        return f"{ms:.0f} ms"
-    return f"{ms / 1000:.1f} s" if scale < 10_000 else f"{ms / 1000:.0f} s"
-
-
-def fmt_duration(seconds: float) -> str:
-    """ "40 s", "7 min", "2 h 5 min"."""
-    s = max(0.0, seconds)
-    if s < 90:
-        return f"{s:.0f} s"
-    minutes = round(s / 60)
-    if minutes < 120:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _gpu_part(ev: dict[str, Any], cause: str) -> list[str]:
@@ -58,7 +39,7 @@ def _gpu_part(ev: dict[str, Any], cause: str) -> list[str]:
         parts.append(f"SM {clock:.0f}/{ref:.0f} MHz" if ref else f"SM {clock:.0f} MHz")
     reason = longest_reason(ev, cause) if cause in ("thermal", "power") else None
     if reason:  # a bit that just came on gets no duration ("for 0 s" reads like a bug)
-        on_for = f" for {fmt_duration(reason[1])}" if reason[1] >= 30 else ""
+        on_for = f" for {human_duration(reason[1])}" if reason[1] >= 30 else ""
         parts.append(reason[0] + on_for)
     elif cause == "thermal" and ev.get("sm_clock_ratio") is not None:
         parts.append(f"clock {100 * (1 - ev['sm_clock_ratio']):.0f} % under baseline, no bit yet")
@@ -70,8 +51,8 @@ def latency_message(
 ) -> str:
     head = HEADLINES.get(cause, HEADLINES["unknown"])
     line = (
-        f"{head}: p95 TTFT {fmt_ms(p95_ms, baseline_p95_ms)} vs "
-        f"{fmt_ms(baseline_p95_ms, p95_ms)} baseline"
+        f"{head}: p95 TTFT {human_ms(p95_ms, scale_of=baseline_p95_ms)} vs "
+        f"{human_ms(baseline_p95_ms, scale_of=p95_ms)} baseline"
     )
     parts = _gpu_part(ev, cause)
     if cause == "load":
@@ -84,14 +65,14 @@ def latency_message(
 
 
 def closed_message(duration_s: float, opened_message: str) -> str:
-    return f"Resolved after {fmt_duration(duration_s)}: {opened_message}"
+    return f"Resolved after {human_duration(duration_s)}: {opened_message}"
 
 
 def heat_message(ev: dict[str, Any]) -> str:
     temp, slope = ev.get("gpu_temp_c"), ev.get("temp_slope_c_per_min")
     limit, eta = ev.get("temp_slowdown_c"), ev.get("time_to_slowdown_s")
     rise = f" rising {slope:.1f} °C/min" if slope else ""
-    when = "now" if eta == 0 else f"in ~{fmt_duration(eta)}" if eta is not None else "soon"
+    when = "now" if eta == 0 else f"in ~{human_duration(eta)}" if eta is not None else "soon"
     return (
         f"GPU heating toward thermal slowdown: {temp:.0f} °C{rise}, slowdown at {limit:.0f} °C "
         f"{when}; chat not slowed yet"
@@ -113,4 +94,4 @@ def failing_message(fails: int, window: int, consecutive: int) -> str:
 
 
 def cold_message(ttft_ms: float, limit_ms: float) -> str:
-    return f"Cold start slow: first token after {fmt_ms(ttft_ms)} (limit {fmt_ms(limit_ms)})"
+    return f"Cold start slow: first token after {human_ms(ttft_ms)} (limit {human_ms(limit_ms)})"
