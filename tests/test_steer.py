@@ -72,7 +72,10 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
             steer.close()
         rows = store.rows("SELECT * FROM control_actions ORDER BY id")
     assert state["allowance"] < 8
-    assert state["lease_expires_at"] is not None and "ttft" in state["reason"].lower()
+    # every write carries a lease and the law's reason (the last one may be a renewal)
+    assert state["lease_expires_at"] is not None and state["reason"].startswith(
+        ("cut", "halve", "hold")
+    )
     cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
     assert cuts and all(r["applied"] == 1 for r in cuts)
     assert all(r["allowance_after"] < r["allowance_before"] for r in cuts)

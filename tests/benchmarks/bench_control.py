@@ -4,7 +4,8 @@ On each shipped scenario: no control, a conservative static allowance (the daemo
 4), the best static allowance found by sweep (the highest batch throughput whose chat p95 is
 within target in ≥ 99 % of 1-minute windows), AIMD, Gradient2 (Netflix concurrency-limits),
 DESIGN.md's law as written, and ours (watchdog/control.py). Each runs the scenario's full
-length with the same seed; SLO windows start after the first 2 minutes.
+length with the same seed; SLO windows start after the first 2 minutes. With several
+`--seeds`, a summary per controller over every scenario and seed closes the report.
 
 Columns:
     att        share of 1-minute windows with chat p95 ≤ target (bad: how many were not)
@@ -22,7 +23,7 @@ Columns:
 Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same attainment and ahead of
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
 
-    .venv/bin/python tests/benchmarks/bench_control.py [--scenarios a,b] [--seed 0] [--json]
+    .venv/bin/python tests/benchmarks/bench_control.py [--scenarios a,b] [--seeds 0,1,2] [--json]
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ def fmt(x: float | None, spec: str) -> str:
 
 def print_table(res: dict[str, Any]) -> None:
     print(
-        f"\n{res['scenario']}  (chat p95 target {res['slo_ms']:.0f} ms, "
+        f"\n{res['scenario']}, seed {res.get('seed', 0)}  (chat p95 target {res['slo_ms']:.0f} ms, "
         f"{res['duration_s'] / 3600:.1f} h simulated, {res['wall_s']:.0f} s wall)"
     )
     sweep_txt = "  ".join(
@@ -266,20 +267,52 @@ def print_table(res: dict[str, Any]) -> None:
         )
 
 
+def print_summary(results: list[dict[str, Any]]) -> None:
+    """Per controller over every scenario and seed: the spread one seed hides."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for res in results:
+        for r in res["rows"]:
+            name = "best static" if r["controller"].startswith("best ") else r["controller"]
+            rows.setdefault(name, []).append(r)
+    print(f"\nover {len(results)} runs (scenario × seed)")
+    print(
+        f"  {'controller':12s} {'runs ≥99%':>9s} {'att min':>7s} {'×best mean':>10s} "
+        f"{'×same min':>9s} {'restore max':>11s} {'steady max':>10s}"
+    )
+    for name, rs in rows.items():
+        met = sum(1 for r in rs if r["att"] >= TARGET_ATT - 1e-9)
+        x_best = [r["x_best"] for r in rs if r["x_best"] is not None]
+        x_same = [r["x_same"] for r in rs if r["x_same"] is not None]
+        steady = [r["steady_changes_per_h"] for r in rs if r["steady_changes_per_h"] is not None]
+        print(
+            f"  {name:12s} {f'{met}/{len(rs)}':>9s} {min(r['att'] for r in rs):>7.3f} "
+            f"{fmt(sum(x_best) / len(x_best) if x_best else None, '.2f'):>10s} "
+            f"{fmt(min(x_same) if x_same else None, '.2f'):>9s} "
+            f"{max(r['restore_max_s'] for r in rs):>9.0f} s "
+            f"{fmt(max(steady) if steady else None, '.1f'):>10s}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
     ap.add_argument("--json", action="store_true", help="one JSON object per scenario")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    for name in args.scenarios.split(","):
-        res = bench(name, args.seed)
-        if args.json:
-            print(json.dumps(res))
-        else:
-            print_table(res)
+    results = []
+    for seed in (int(x) for x in args.seeds.split(",")):
+        for name in args.scenarios.split(","):
+            res = bench(name, seed)
+            res["seed"] = seed
+            results.append(res)
+            if args.json:
+                print(json.dumps(res))
+            else:
+                print_table(res)
     if not args.json:
+        if len(results) > 1:
+            print_summary(results)
         print(f"\ntotal wall time {time.perf_counter() - t0:.0f} s")
 
 
