@@ -25,6 +25,8 @@ Behaviour (keyword arguments of `StreamServer(...)` and `set(...)`; read once pe
     version             version string the info endpoints report
     headers_delay_s     wait before sending the status line and headers
     first_token_delay_s wait after the role-only chunk, before the first token
+    first_token_jitter  σ of ln(delay): each first-token delay is drawn lognormal around
+                        first_token_delay_s (seeded), the spread a real engine shows
     token_gap_s         wait between tokens
     role_chunk          send llama.cpp's role-only first chunk (`content: null`), default True
     usage               send the usage chunk when the request asks for it, default True
@@ -73,6 +75,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import random
 import re
 import socket
 import sys
@@ -117,6 +120,7 @@ class Behaviour:
     version: str = "1.2.3"
     headers_delay_s: float = 0.0
     first_token_delay_s: float = 0.0
+    first_token_jitter: float = 0.0
     token_gap_s: float = 0.0
     role_chunk: bool = True
     usage: bool = True
@@ -331,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
                 owner._sleep(b.keepalive_every_s)
                 self._event(_chunk_obj(cid, b.model, {"content": ""}))
         if b.first_token_delay_s:
-            owner._sleep(b.first_token_delay_s)
+            owner._sleep(owner._first_token_delay(b))
         deltas = [{"reasoning_content": r} for r in b.pieces(b.reasoning)]
         deltas += [{"content": t} for t in b.answer_tokens()]
         sent = 0
@@ -371,7 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _native_stream(self, b: Behaviour, rec: Received) -> None:
         owner = self.server.owner
         if b.first_token_delay_s:
-            owner._sleep(b.first_token_delay_s)
+            owner._sleep(owner._first_token_delay(b))
         stamp = "2024-01-01T00:00:00.000000Z"
         sent = 0
         for tok in b.answer_tokens():
@@ -454,6 +458,7 @@ class StreamServer:
         self.behaviour = Behaviour(**_tupled(behaviour))
         self.requests: list[Received] = []
         self._lock = threading.Lock()
+        self._rng = random.Random(0)  # first-token jitter, the same draws every run
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -547,6 +552,12 @@ class StreamServer:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
+
+    def _first_token_delay(self, b: Behaviour) -> float:
+        if not b.first_token_jitter:
+            return b.first_token_delay_s
+        with self._lock:
+            return b.first_token_delay_s * self._rng.lognormvariate(0.0, b.first_token_jitter)
 
     def _sleep(self, seconds: float | None) -> None:
         """Wait, but end at once when the server stops (a hanging handler must not block it)."""
