@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -40,11 +43,9 @@ class Clock:
         return self.t
 
 
-def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(tmp_path):
-    clock = Clock()
-    cfg = ControlConfig(
-        target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
-    )
+@contextlib.contextmanager
+def rig(tmp_path: Path) -> Iterator[tuple[GatewayServer, Store]]:
+    """A gateway (allowance 8 of 16) in front of a stream server, and a store."""
     with (
         StreamServer(answer="ok") as upstream,
         GatewayServer(
@@ -58,13 +59,26 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
         ) as gw,
         Store(tmp_path / "wd.db") as store,
     ):
+        yield gw, store
+
+
+def chat_at_4x_the_target(steer: Steer, clock: Clock) -> None:
+    for _ in range(12):
+        for _ in range(3):
+            steer.canary(canary(400.0))
+        clock.t += 5
+        steer.step()
+
+
+def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(tmp_path):
+    clock = Clock()
+    cfg = ControlConfig(
+        target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
+    )
+    with rig(tmp_path) as (gw, store):
         steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
         try:
-            for _ in range(12):  # chat at 4x the target: the law must cut
-                for _ in range(3):
-                    steer.canary(canary(400.0))
-                clock.t += 5
-                steer.step()
+            chat_at_4x_the_target(steer, clock)  # the law must cut
             state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
             clock.t += 30  # a drain time later the next step verifies the last write
             steer.step()
@@ -88,26 +102,10 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
 def test_a_dry_run_decides_and_records_but_leaves_the_gateway_alone(tmp_path):
     clock = Clock()
     cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0)
-    with (
-        StreamServer(answer="ok") as upstream,
-        GatewayServer(
-            GatewayConfig(
-                upstream_url=upstream.url,
-                listen_port=0,
-                batch_default_allowance=8,
-                batch_ceiling=16,
-                control_token=TOKEN,
-            )
-        ) as gw,
-        Store(tmp_path / "wd.db") as store,
-    ):
+    with rig(tmp_path) as (gw, store):
         steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock, dry_run=True)
         try:
-            for _ in range(12):
-                for _ in range(3):
-                    steer.canary(canary(400.0))
-                clock.t += 5
-                steer.step()
+            chat_at_4x_the_target(steer, clock)
             state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
         finally:
             steer.close()
