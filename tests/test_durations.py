@@ -46,7 +46,9 @@ def test_bad_durations_say_what_is_expected(bad):
     [
         (0, "0ms"),
         (0.25, "250ms"),
+        (0.9996, "1s"),
         (1, "1s"),
+        (-5, "0ms"),
         (59.6, "1m"),
         (60, "1m"),
         (90, "1m30s"),

@@ -46,15 +46,19 @@ def parse_duration(text: str | int | float) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest plain form: 90 -> '1m30s', 0.25 -> '250ms'."""
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    out, rest = [], round(seconds)
+    """The shortest plain form: 90 -> '1m30s', 0.25 -> '250ms'; what parse_duration reads.
+
+    Durations are never negative here (parse_duration refuses them): below 0 is "0ms".
+    """
+    ms = round(max(0.0, seconds) * 1000)
+    if ms < 1000:  # 0.9996 s is "1s", not "1000ms"
+        return f"{ms}ms"
+    out, rest = [], round(ms / 1000)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if rest >= size:
             n, rest = divmod(rest, size)
             out.append(f"{n}{unit}")
-    return "".join(out) or "0s"
+    return "".join(out)
 
 
 # ---- message style --------------------------------------------------------------------------
