@@ -47,7 +47,7 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
 - `cut_from_running`: a cut (proportional or halving) is taken from what runs,
   min(allowance, batch in flight): an allowance above the batch requests in flight is room
   nobody uses, and a cut of that room alone changes nothing for chat (measured: cuts of 66
-  to 65 with 64 running, each undone a step later, were a third of the datacenter
+  to 65 with 64 running, each undone a step later, were a sixth of the datacenter
   scenario's changes in steady state).
 - `grow_fast_below`: far below the target (p̂95 < this × T) growth is multiplicative
   (`grow_fast_fraction`), so an allowance cut by a passing burst comes back in a few steps.
@@ -106,8 +106,6 @@ class ControlConfig:
     grow_fast_below: float = 0.5  # 0: off
     grow_fast_fraction: float = 0.25
     cut_from_running: bool = True  # cut min(allowance, in flight), not the allowance
-    grow_step_max: int = 0  # 0: off; else never grow by more than this in one step
-    surge_cap_probe: bool = True  # a surge met from the cap with room to spare raises it by 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -324,8 +322,7 @@ class AllowanceController:
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
                 self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
             elif (
-                c.surge_cap_probe
-                and self.surge_cap is not None
+                self.surge_cap is not None
                 and self.surge_onset >= self.surge_cap
                 and seen < c.grow_ratio * c.target_p95_ms
                 and self.surge_peak >= 0.8 * self.surge_cap_ratio
@@ -417,8 +414,6 @@ class AllowanceController:
         c = self.config
         fast = c.grow_fast_below > 0 and est < c.grow_fast_below * c.target_p95_ms
         step = max(1, math.ceil((c.grow_fast_fraction if fast else c.grow_fraction) * level))
-        if c.grow_step_max > 0:
-            step = min(step, c.grow_step_max)
         limit, why_limit = c.ceiling, f"the ceiling {c.ceiling}"
         if self.frozen_ceiling is not None and self.frozen_ceiling < limit:
             limit = self.frozen_ceiling
