@@ -156,40 +156,42 @@ class Steer:
             )
         )
         self.last_action = action
-        # Write on a change, when the serving layer has drifted from the law (a lease ran
-        # out, the gateway restarted), and in time to renew the lease.
-        renew = self._last_write_s is None or now_s - self._last_write_s > self.config.lease_s / 3
         target = action.allowance_after
         if self.dry_run:
-            self._record_dry(action, now_s)
+            if action.changed:
+                self._record_dry(action)
+            else:
+                self._record_hold(action, now_s)
             # The law judges the next step from what is really in force.
             self.allowance = in_force
             return action
+        # Write on a change, when the serving layer has drifted from the law (a lease ran
+        # out, the gateway restarted), and in time to renew the lease.
+        renew = self._last_write_s is None or now_s - self._last_write_s > self.config.lease_s / 3
         if action.changed or in_force != target or renew:
             self._write(action, target, now_s)
-        elif now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
-            self._last_hold_record_s = now_s
-            self.store.insert("control_actions", action_row(action, ts=self.clock()))
+        else:
+            self._record_hold(action, now_s)
         self.allowance = target
         return action
 
-    def _record_dry(self, action: ControlAction, now_s: float) -> None:
-        if action.changed:
-            log.warning(
-                "dry run: would set batch allowance %d -> %d: %s",
-                action.allowance_before,
-                action.allowance_after,
-                action.reason,
-            )
-        elif now_s - self._last_hold_record_s < HOLD_RECORD_EVERY_S:
-            return
-        else:
+    def _record_hold(self, action: ControlAction, now_s: float) -> None:
+        if now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
             self._last_hold_record_s = now_s
+            self.store.insert("control_actions", action_row(action, ts=self.clock()))
+
+    def _record_dry(self, action: ControlAction) -> None:
+        log.warning(
+            "dry run: would set batch allowance %d -> %d: %s",
+            action.allowance_before,
+            action.allowance_after,
+            action.reason,
+        )
         row = action_row(
             action,
             ts=self.clock(),
             actuator=self.actuator.name,
-            apply_detail="dry run: not written" if action.changed else None,
+            apply_detail="dry run: not written",
         )
         self.store.insert("control_actions", row)
 
