@@ -45,6 +45,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
+from placement import split_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,15 +231,6 @@ async def hold_open(port: int, n: int, hold_s: float, proc: psutil.Process) -> f
 PINS: tuple[set[int], set[int]] | None = None
 
 
-def plan_pins(enabled: bool) -> tuple[set[int], set[int]] | None:
-    if not enabled or not hasattr(os, "sched_setaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None
-    return {cpus[-1]}, set(cpus[:-1])
-
-
 def pin(pid: int, proxy: bool) -> None:
     if PINS is not None:
         os.sched_setaffinity(pid, PINS[0] if proxy else PINS[1])
@@ -388,14 +380,13 @@ def main() -> None:
     stagger_s = 0.0 if args.in_step else 0.3
     use_haproxy = not args.no_haproxy and shutil.which("haproxy") is not None
     global PINS
-    PINS = plan_pins(not args.no_pin)
+    PINS = split_cpus(not args.no_pin)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (1 min)")
     if PINS is None:
         print("placement: unpinned (every process shares every core)")
     else:
         print(
-            f"placement: proxy on CPU {sorted(PINS[0])}, engine and client on CPU "
-            f"{sorted(PINS[1])}"
+            f"placement: proxy on CPU {sorted(PINS[0])}, engine and client on CPU {sorted(PINS[1])}"
         )
         pin(os.getpid(), proxy=False)
 

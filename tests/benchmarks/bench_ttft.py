@@ -37,6 +37,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from placement import split_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -97,8 +98,7 @@ def main() -> int:
     ap.add_argument("--probes-per-delay", type=int, default=60)
     ap.add_argument("--no-pin", action="store_true", help="let the OS place both processes")
     args = ap.parse_args()
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    pin = not args.no_pin and len(cpus) >= 2
+    cpus = split_cpus(not args.no_pin)
 
     server = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "streamserver.py")],
@@ -107,12 +107,12 @@ def main() -> int:
         text=True,
         cwd=ROOT,
     )
-    if pin:
-        os.sched_setaffinity(server.pid, {cpus[-1]})
-        os.sched_setaffinity(0, set(cpus[:-1]))
+    if cpus is not None:
+        os.sched_setaffinity(server.pid, cpus[0])
+        os.sched_setaffinity(0, cpus[1])
     print(
-        f"placement: server on CPU {cpus[-1]}, probe on CPU {cpus[:-1]}"
-        if pin
+        f"placement: server on CPU {sorted(cpus[0])}, probe on CPU {sorted(cpus[1])}"
+        if cpus is not None
         else "placement: unpinned"
     )
     assert server.stdin is not None and server.stdout is not None
