@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,14 +25,19 @@ from watchdog.store import Store
 pytestmark = pytest.mark.real_engine
 
 
-@pytest.fixture(scope="module")
-def llama():
+def serve(parallel: int) -> Iterator[LlamaServer]:
+    """A llama-server for a module's tests; a failure, never a skip, when it is missing."""
     try:
-        server = LlamaServer(parallel=4)
+        server = LlamaServer(parallel=parallel)
     except Unavailable as exc:
         pytest.fail(f"real engine tier selected but not installed: {exc}")
     with server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def llama():
+    yield from serve(4)
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +133,7 @@ def test_cold_start_is_recorded_apart_and_kept_out_of_the_baseline(tmp_path, pse
 
 @pytest.fixture(scope="module")
 def loop_server():
-    try:
-        server = LlamaServer(parallel=8)
-    except Unavailable as exc:
-        pytest.fail(f"real engine tier selected but not installed: {exc}")
-    with server:
-        yield server
+    yield from serve(8)
 
 
 def test_openai_client_and_curl_stream_through_the_gateway(llama):
