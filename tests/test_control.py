@@ -341,6 +341,26 @@ def test_surge_cap_is_learned_from_the_level_before_the_cuts() -> None:
     assert c.surge_cap == 6
 
 
+def test_a_surge_is_judged_from_its_first_seconds() -> None:
+    # The slow answers came before the surge was confirmed (a shed then saved the rest of
+    # it): the minute was lost all the same, so the surge counts as missed.
+    c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, surge_confirm=3)
+    now = 0.0
+    for _ in range(120):  # two minutes of fast chat at 1/s, 12 in force
+        c.step(ControlInput(now, (200.0,), allowance=12))
+        now += 1.0
+    shed = None
+    for k in range(20):  # a 4/s burst: its first 3 s slow, then fast once shed
+        a = c.step(ControlInput(now, (2500.0 if k < 3 else 200.0,) * 4))
+        shed = shed or (a.inputs["chat_surge"] and k)
+        now += 1.0
+    assert shed and shed >= 3  # confirmed after the slow answers
+    while c.surge.surging:
+        c.step(ControlInput(now, (200.0,)))
+        now += 1.0
+    assert c.surge_cap == 6  # missed from 12
+
+
 def test_surge_detector_ends_only_after_confirmation_too() -> None:
     d = SurgeDetector(
         ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0, confirm=2

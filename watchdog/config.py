@@ -152,7 +152,7 @@ class ControlSettings:
     floor: int = 0
     ceiling: int = 64
     default_allowance: int = 8
-    interval_s: float = _duration("5s", minimum_s=0.1)
+    interval_s: float = _duration("1s", minimum_s=0.1)
     lease_s: float = _duration("2m", minimum_s=1)
     drain_time_s: float = _duration("20s")
     # After heat, hold the allowance until the clock has been steady this long.

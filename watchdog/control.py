@@ -51,6 +51,13 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
   scenario's changes in steady state).
 - `grow_fast_below`: far below the target (p̂95 < this × T) growth is multiplicative
   (`grow_fast_fraction`), so an allowance cut by a passing burst comes back in a few steps.
+- One step a second (the daemon's `control.interval`, the lab's INTERVAL_S), not five: a
+  chat burst turns into a queue within seconds, and at 5-s steps its surge was confirmed
+  10-15 s in, when most of that minute's allowance of slow answers was spent. Five times
+  as many decisions give noise five times as many chances to cross a line, so the signals
+  are steadier to match: EWMA weight 0.05 (0.1 before), a surge needs z 3 (2.5) for three
+  steps in a row, and growth stops at 0.7 T (DESIGN.md: 0.8), so the steady state is not a
+  cut-and-grow cycle at the line. `design_law()` keeps 0.1 and 0.8.
 """
 
 from __future__ import annotations
@@ -82,10 +89,10 @@ class ControlConfig:
     grow_fraction: float = 0.05  # additive growth: max(1, ⌈fraction·L⌉)
     grow_after_samples: int = 3  # p̂95 < grow_ratio·T for this many samples in a row
     cut_ratio: float = 0.9  # cut when p̂95 > cut_ratio·T ...
-    grow_ratio: float = 0.8  # ... grow when below grow_ratio·T; hold in between
+    grow_ratio: float = 0.7  # ... grow when below grow_ratio·T; hold in between
     halve_ratio: float = 2.0  # one sample over halve_ratio·T halves the allowance
     max_cut_factor: float = 0.5  # a proportional cut keeps at least this share of L
-    ewma_alpha: float = 0.1  # weight of one sample in the EWMA of ln TTFT
+    ewma_alpha: float = 0.05  # weight of one sample in the EWMA of ln TTFT
     min_samples: int = 5  # no decision before this many samples
     freeze: str = "falling"  # "throttled" (DESIGN.md), "falling" or "off"; module docstring
     freeze_release_s: float = 180.0
@@ -97,10 +104,10 @@ class ControlConfig:
     surge_ratio: float = 2.0  # 0: no surge detection
     surge_window_s: float = 10.0
     surge_slow_s: float = 600.0
-    surge_z: float = 2.5
+    surge_z: float = 3.0
     surge_min_count: int = 6
     surge_warmup_s: float = 60.0
-    surge_confirm: int = 2  # steps in a row that must see the surge
+    surge_confirm: int = 3  # steps in a row that must see the surge
     surge_backoff: float = 0.5
     app_limited_headroom: int = 2  # 0: off
     grow_fast_below: float = 0.5  # 0: off
@@ -149,6 +156,8 @@ def design_law(config: ControlConfig) -> ControlConfig:
         app_limited_headroom=0,
         grow_fast_below=0.0,
         cut_from_running=False,
+        grow_ratio=0.8,
+        ewma_alpha=0.1,
     )
 
 
@@ -239,6 +248,7 @@ class AllowanceController:
         self.surge_onset = 0  # the highest level in the lookback before it was confirmed
         self.recent_levels: deque[tuple[float, int]] = deque()
         self.surge_samples: list[float] = []
+        self.recent_samples: deque[tuple[float, float]] = deque()  # before this step
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
         self.surge_cap_ratio = 0.0  # the size of the largest surge missed
@@ -310,11 +320,14 @@ class AllowanceController:
         while self.recent_levels[0][0] < inp.now_s - 2 * c.surge_window_s:
             self.recent_levels.popleft()
         if surging and self.surge_base is None:
-            self.surge_base, self.surge_samples, self.surge_peak = level, [], 0.0
+            self.surge_base, self.surge_peak = level, 0.0
             # A surge is confirmed steps after it began, and a latency cut often comes
-            # first: what it was met or missed from is the level before those cuts. Learning
-            # from the cut level instead sank the cap to 1 after one missed surge.
+            # first: what it was met or missed from is the level before those cuts, and how
+            # chat fared counts from its first seconds. Learning from the cut level instead
+            # sank the cap to 1 after one missed surge; judging only what came after the
+            # confirmation called a surge "met" whose minute was lost before the shed.
             self.surge_onset = max(lv for _, lv in self.recent_levels)
+            self.surge_samples = [v for _, v in self.recent_samples]
         elif not surging and self.surge_base is not None:
             seen = quantile(self.surge_samples, 0.95) if self.surge_samples else 0.0
             if seen > c.target_p95_ms:
@@ -331,6 +344,9 @@ class AllowanceController:
                 # missed (a small surge met says little about a big one): try one more.
                 self.surge_cap += 1
             self.surge_base = None
+        self.recent_samples.extend((inp.now_s, v) for v in values)
+        while self.recent_samples and self.recent_samples[0][0] < inp.now_s - 2 * c.surge_window_s:
+            self.recent_samples.popleft()
         if self.surge_base is None:
             return 0.0
         self.surge_samples.extend(values)

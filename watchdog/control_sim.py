@@ -35,7 +35,9 @@ from watchdog.sim.controllers import (
     register_controller,
 )
 
-INTERVAL_S = 5.0  # one decision per 5 simulated seconds: a few chat samples each at 0.5–2/s
+# One decision per simulated second, as the daemon's default `control.interval`: a chat burst
+# is a cliff seconds after it starts, and at 5-s steps its surge was confirmed 10-15 s in.
+INTERVAL_S = 1.0
 
 
 class Stepper(Protocol):
@@ -72,6 +74,8 @@ ADDITIONS = (
     "app_limited_headroom",
     "grow_fast_below",
     "cut_from_running",
+    "grow_ratio",
+    "ewma_alpha",
 )
 
 

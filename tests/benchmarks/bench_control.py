@@ -17,8 +17,12 @@ Columns:
                schedule steps (from their start to 3 minutes after their end)
     steady     allowance changes per hour in steady state: the same scenario with its chat
                bursts and schedule taken out, counted after the first 30 minutes
-    restore    after each step (burst start, schedule event): seconds until the last 15-s bin
-               with chat p95 over target; the worst over all steps, and how many took > 60 s
+    restore    after each step (burst start, schedule event): seconds until chat p95 is back
+               within target in 15-s bins and stays there for 60 s (settling time); the worst
+               over all steps, and how many took > 60 s
+    late       the same, strict: until the last 15-s bin over target within 300 s of the step,
+               however late; a lone slow bin minutes after the step is steady-state noise that
+               a 15-s bin of 4-8 chat answers shows (its p95 is their slowest), and att judges
 
 Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same attainment and ahead of
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
@@ -54,6 +58,7 @@ TARGET_ATT = 0.99
 CONSERVATIVE = 4
 LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128)
 BIN_S = 15.0
+HOLD_S = 60.0
 SETTLE_S = 180.0
 STEADY_AFTER_S = 1800.0
 
@@ -93,6 +98,8 @@ class Row:
     restore_max_s: float
     restore_over_60: int
     steps: int
+    late_max_s: float = 0.0
+    late_over_60: int = 0
     steady_changes_per_h: float | None = None
     x_best: float | None = None
     x_same: float | None = None
@@ -111,20 +118,29 @@ def disturbances(s: Scenario) -> list[tuple[float, float]]:
     return sorted(out)
 
 
-def restore_times(rec: Recorder, s: Scenario) -> list[float]:
+def restore_times(rec: Recorder, s: Scenario, *, strict: bool = False) -> list[float]:
+    """Per step: seconds until chat p95 is within target and stays so for `HOLD_S`.
+
+    strict: until the last 15-s bin over target within 300 s of the step, however late
+    (a lone slow bin minutes later counts as a slow restore).
+    """
     slo = s.slo_chat_ttft_p95_ms
+    hold_bins = round(HOLD_S / BIN_S)
     times = []
     for start, _ in disturbances(s):
         if start < WARMUP_S:
             continue
-        last_bad = None
+        bad = []
         b = start
         while b < min(start + 300.0, s.duration_s):
             vals = [v for t, v in rec.samples if b <= t < b + BIN_S]
-            if len(vals) >= 3 and quantile(vals, 0.95) > slo:
-                last_bad = b + BIN_S
+            bad.append(len(vals) >= 3 and quantile(vals, 0.95) > slo)
             b += BIN_S
-        times.append(0.0 if last_bad is None else last_bad - start)
+        if strict:
+            last = max((i + 1 for i, x in enumerate(bad) if x), default=0)
+        else:
+            last = next((i for i in range(len(bad)) if not any(bad[i : i + hold_bins])), len(bad))
+        times.append(last * BIN_S)
     return times
 
 
@@ -158,6 +174,7 @@ def run(spec: str, s: Scenario, seed: int) -> Row:
     rec = make(spec, s)
     r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S)
     restores = restore_times(rec, s)
+    late = restore_times(rec, s, strict=True)
     att = r.slo_attainment if r.slo_attainment is not None else math.nan
     return Row(
         controller=spec,
@@ -170,6 +187,8 @@ def run(spec: str, s: Scenario, seed: int) -> Row:
         restore_max_s=max(restores, default=0.0),
         restore_over_60=sum(1 for x in restores if x > 60.0),
         steps=len(restores),
+        late_max_s=max(late, default=0.0),
+        late_over_60=sum(1 for x in late if x > 60.0),
         wall_s=r.wall_s,
     )
 
@@ -255,15 +274,17 @@ def print_table(res: dict[str, Any]) -> None:
     print(f"  sweep (N:att/tok/s)  {sweep_txt}")
     print(
         f"  {'controller':18s} {'att':>6s} {'bad':>4s} {'tok/s':>7s} {'×best':>6s} "
-        f"{'×same':>6s} {'p95 ms':>8s} {'chg/h':>6s} {'steady':>6s} {'restore':>12s}"
+        f"{'×same':>6s} {'p95 ms':>8s} {'chg/h':>6s} {'steady':>6s} {'restore':>12s} "
+        f"{'late':>12s}"
     )
     for r in res["rows"]:
         restore = f"{r['restore_max_s']:.0f} s ({r['restore_over_60']}/{r['steps']})"
+        late = f"{r['late_max_s']:.0f} s ({r['late_over_60']}/{r['steps']})"
         print(
             f"  {r['controller']:18s} {fmt(r['att'], '.3f'):>6s} {r['bad']:>4d} "
             f"{r['tok_s']:>7.1f} {fmt(r['x_best'], '.2f'):>6s} {fmt(r['x_same'], '.2f'):>6s} "
             f"{fmt(r['chat_p95_ms'], '.0f'):>8s} {fmt(r['changes_per_h_steady'], '.1f'):>6s} "
-            f"{fmt(r['steady_changes_per_h'], '.1f'):>6s} {restore:>12s}"
+            f"{fmt(r['steady_changes_per_h'], '.1f'):>6s} {restore:>12s} {late:>12s}"
         )
 
 
@@ -275,20 +296,29 @@ def print_summary(results: list[dict[str, Any]]) -> None:
             name = "best static" if r["controller"].startswith("best ") else r["controller"]
             rows.setdefault(name, []).append(r)
     print(f"\nover {len(results)} runs (scenario × seed)")
+    print("  runs meeting each target (of all runs), then the worst and mean figures")
     print(
-        f"  {'controller':12s} {'runs ≥99%':>9s} {'att min':>7s} {'×best mean':>10s} "
-        f"{'×same min':>9s} {'restore max':>11s} {'steady max':>10s}"
+        f"  {'controller':12s} {'att≥99%':>7s} {'×same≥1.1':>9s} {'restore≤60':>10s} "
+        f"{'late≤60':>7s} {'steady≤30':>9s} {'att min':>7s} {'×best mean':>10s} "
+        f"{'×same min':>9s} {'steady max':>10s}"
     )
     for name, rs in rows.items():
+        n = len(rs)
         met = sum(1 for r in rs if r["att"] >= TARGET_ATT - 1e-9)
         x_best = [r["x_best"] for r in rs if r["x_best"] is not None]
         x_same = [r["x_same"] for r in rs if r["x_same"] is not None]
         steady = [r["steady_changes_per_h"] for r in rs if r["steady_changes_per_h"] is not None]
+        same_ok = sum(1 for x in x_same if x >= 1.10 - 1e-9)
+        restore_ok = sum(1 for r in rs if r["restore_over_60"] == 0)
+        late_ok = sum(1 for r in rs if r["late_over_60"] == 0)
+        steady_ok = sum(1 for x in steady if x <= 30.0)
         print(
-            f"  {name:12s} {f'{met}/{len(rs)}':>9s} {min(r['att'] for r in rs):>7.3f} "
+            f"  {name:12s} {f'{met}/{n}':>7s} {f'{same_ok}/{len(x_same)}':>9s} "
+            f"{f'{restore_ok}/{n}':>10s} {f'{late_ok}/{n}':>7s} "
+            f"{f'{steady_ok}/{len(steady)}' if steady else '—':>9s} "
+            f"{min(r['att'] for r in rs):>7.3f} "
             f"{fmt(sum(x_best) / len(x_best) if x_best else None, '.2f'):>10s} "
             f"{fmt(min(x_same) if x_same else None, '.2f'):>9s} "
-            f"{max(r['restore_max_s'] for r in rs):>9.0f} s "
             f"{fmt(max(steady) if steady else None, '.1f'):>10s}"
         )
 
