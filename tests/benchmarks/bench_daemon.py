@@ -5,13 +5,20 @@ SQLite store, drift judge, log alert sink), probing every 10 s and sampling the 
 (tests.fakenvml.scenario_basic, 2 GPUs) every 1 s. The streaming server it probes runs in
 its own process, so its work is not counted. Targets: CPU <= 1 % of one core, RSS <= 80 MB.
 
-    .venv/bin/python tests/benchmarks/bench_daemon.py [--seconds 120] [--interval 10s]
+With --control, `llm-watchdog gateway` (its own process, not counted) stands in front of
+the server, the canaries go through it, and the control loop steps at its default interval
+(1 s): reading the gateway's allowance and observed chat TTFTs back every step, renewing
+its lease, recording decisions.
+
+    .venv/bin/python tests/benchmarks/bench_daemon.py [--seconds 120] [--interval 10s] [--control]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +52,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--interval", default="10s")
     ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--control", action="store_true", help="through a gateway, control on")
     args = ap.parse_args()
 
     server = subprocess.Popen(
@@ -62,20 +70,37 @@ def main() -> None:
     )
     assert server.stdout is not None
     url = server.stdout.readline().strip()
+    gateway = None
     with tempfile.TemporaryDirectory() as tmp:
-        settings = settings_from_dict(
-            {
-                "server": {"url": url},
-                "probe": {"interval": args.interval, "jitter": "1s"},
-                "gpu": {"interval": "1s"},
-                "storage": {"path": f"{tmp}/wd.db"},
-            },
-            "bench",
-        )
+        config: dict = {
+            "server": {"url": url},
+            "probe": {"interval": args.interval, "jitter": "1s"},
+            "gpu": {"interval": "1s"},
+            "storage": {"path": f"{tmp}/wd.db"},
+        }
+        if args.control:
+            gateway, gw_url = start_gateway(url, f"{tmp}/token")
+            config["server"]["url"] = gw_url
+            config["control"] = {
+                "enabled": True,
+                "gateway_url": gw_url,
+                "token_file": f"{tmp}/token",
+                "target_p95": "1s",
+            }
+        settings = settings_from_dict(config, "bench")
         store = Store(settings.storage.path)
         alerts = AlertManager([LogSink()], store)
         daemon = Daemon(settings, store, nvml=scenario_basic(), alerts=alerts)
         daemon.startup()
+        counted = [0]
+        if daemon.steer is not None:
+            step = daemon.steer.step
+
+            def counting_step() -> object:
+                counted[0] += 1
+                return step()
+
+            daemon.steer.step = counting_step  # type: ignore[method-assign]
         daemon.start_jobs()
         try:
             time.sleep(args.warmup)  # imports, first probe, first fingerprint
@@ -88,19 +113,59 @@ def main() -> None:
             c1, t1 = cpu_s(), time.monotonic()
             probes = len(store.probes())
             samples = len(store.gpu_samples())
+            steps = counted[0]
         finally:
             daemon.shutdown(timeout_s=5)
             alerts.close()
             store.close()
             server.stdin.close()  # type: ignore[union-attr]
             server.wait(timeout=10)
+            if gateway is not None:
+                gateway.terminate()
+                gateway.wait(timeout=10)
     share = 100.0 * (c1 - c0) / (t1 - t0)
     print(f"window            {t1 - t0:.0f} s after {args.warmup:.0f} s warm-up")
     print(f"probes / samples  {probes} probes, {samples} GPU samples (2 GPUs)")
+    if args.control:
+        print(f"control           {steps} steps through the gateway")
     print(f"CPU               {share:.2f} % of one core   (target <= 1 %)")
     print(
         f"RSS               {r0:.1f} MB at start of window, peak {peak:.1f} MB   (target <= 80 MB)"
     )
+
+
+def start_gateway(upstream: str, token_file: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    Path(token_file).write_text("bench-token\n")
+    os.chmod(token_file, 0o600)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "watchdog",
+            "gateway",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            upstream,
+            "--token-file",
+            token_file,
+            "--log-level",
+            "warning",
+        ],
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the gateway did not start within 30 s")
 
 
 if __name__ == "__main__":
