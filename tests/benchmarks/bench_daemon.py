@@ -16,17 +16,19 @@ its lease, recording decisions.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from bench_gateway import gateway_process  # noqa: E402
 
 from tests.fakenvml import scenario_basic  # noqa: E402
 from watchdog.alerts import AlertManager, LogSink  # noqa: E402
@@ -70,8 +72,7 @@ def main() -> None:
     )
     assert server.stdout is not None
     url = server.stdout.readline().strip()
-    gateway = None
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         config: dict = {
             "server": {"url": url},
             "probe": {"interval": args.interval, "jitter": "1s"},
@@ -79,12 +80,18 @@ def main() -> None:
             "storage": {"path": f"{tmp}/wd.db"},
         }
         if args.control:
-            gateway, gw_url = start_gateway(url, f"{tmp}/token")
+            token = Path(tmp) / "token"
+            token.write_text("bench-token\n")
+            token.chmod(0o600)
+            port, _ = stack.enter_context(
+                gateway_process(urlsplit(url).port or 80, "--token-file", str(token))
+            )
+            gw_url = f"http://127.0.0.1:{port}"
             config["server"]["url"] = gw_url
             config["control"] = {
                 "enabled": True,
                 "gateway_url": gw_url,
-                "token_file": f"{tmp}/token",
+                "token_file": str(token),
                 "target_p95": "1s",
             }
         settings = settings_from_dict(config, "bench")
@@ -120,9 +127,6 @@ def main() -> None:
             store.close()
             server.stdin.close()  # type: ignore[union-attr]
             server.wait(timeout=10)
-            if gateway is not None:
-                gateway.terminate()
-                gateway.wait(timeout=10)
     share = 100.0 * (c1 - c0) / (t1 - t0)
     print(f"window            {t1 - t0:.0f} s after {args.warmup:.0f} s warm-up")
     print(f"probes / samples  {probes} probes, {samples} GPU samples (2 GPUs)")
@@ -132,40 +136,6 @@ def main() -> None:
     print(
         f"RSS               {r0:.1f} MB at start of window, peak {peak:.1f} MB   (target <= 80 MB)"
     )
-
-
-def start_gateway(upstream: str, token_file: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    Path(token_file).write_text("bench-token\n")
-    os.chmod(token_file, 0o600)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "watchdog",
-            "gateway",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--upstream",
-            upstream,
-            "--token-file",
-            token_file,
-            "--log-level",
-            "warning",
-        ],
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the gateway did not start within 30 s")
 
 
 if __name__ == "__main__":

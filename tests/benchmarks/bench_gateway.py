@@ -253,7 +253,8 @@ def engine_process() -> Iterator[int]:
 
 
 @contextmanager
-def gateway_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
+def gateway_process(engine_port: int, *extra: str) -> Iterator[tuple[int, psutil.Process]]:
+    """`llm-watchdog gateway` on a free port in front of the engine; `extra`: more options."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_WATCHDOG")}
     proc = subprocess.Popen(
         [
@@ -266,6 +267,7 @@ def gateway_process(engine_port: int) -> Iterator[tuple[int, psutil.Process]]:
             f"http://127.0.0.1:{engine_port}",
             "--log-level",
             "info",
+            *extra,
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
