@@ -361,14 +361,20 @@ def test_a_surge_is_judged_from_its_first_seconds() -> None:
     assert c.surge_cap == 6  # missed from 12
 
 
-def test_surge_detector_ends_only_after_confirmation_too() -> None:
+def warmed_detector(confirm: int = 1) -> tuple[SurgeDetector, float]:
+    """A detector that has seen chat at 1/s for 100 s (in 5-s steps), and the time now."""
     d = SurgeDetector(
-        ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0, confirm=2
+        ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0, confirm=confirm
     )
     t = 0.0
     for _ in range(20):
         t += 5.0
-        d.add(t, 5, 5.0)
+        assert d.add(t, 5, 5.0) is False
+    return d, t
+
+
+def test_surge_detector_ends_only_after_confirmation_too() -> None:
+    d, t = warmed_detector(confirm=2)
     d.add(t + 5.0, 20, 5.0)
     assert d.add(t + 10.0, 20, 5.0) is True
     assert d.add(t + 15.0, 20, 5.0) is True
@@ -378,11 +384,7 @@ def test_surge_detector_ends_only_after_confirmation_too() -> None:
 
 
 def test_surge_detector_needs_a_large_unlikely_count() -> None:
-    d = SurgeDetector(ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0)
-    t = 0.0
-    for _ in range(20):  # 1/s for 100 s
-        t += 5.0
-        assert d.add(t, 5, 5.0) is False
+    d, t = warmed_detector()
     assert d.add(t + 5.0, 9, 5.0) is False  # 14 in 10 s: < 2×10, not a surge
     assert d.add(t + 10.0, 20, 5.0) is True  # 29 in 10 s against 10
     assert d.add(t + 15.0, 5, 5.0) is True  # 25: still over 1.5×
@@ -390,13 +392,7 @@ def test_surge_detector_needs_a_large_unlikely_count() -> None:
 
 
 def test_surge_detector_can_ask_for_confirmation() -> None:
-    d = SurgeDetector(
-        ratio=2.0, window_s=10.0, slow_s=600.0, z=3.0, min_count=6, warmup_s=60.0, confirm=2
-    )
-    t = 0.0
-    for _ in range(20):
-        t += 5.0
-        d.add(t, 5, 5.0)
+    d, t = warmed_detector(confirm=2)
     assert d.add(t + 5.0, 20, 5.0) is False  # seen once: a chance cluster, maybe
     assert d.add(t + 10.0, 20, 5.0) is True  # seen twice in a row: a surge
 
