@@ -361,6 +361,86 @@ def test_a_surge_is_judged_from_its_first_seconds() -> None:
     assert c.surge_cap == 6  # missed from 12
 
 
+def test_arrivals_show_a_burst_before_its_first_tokens_do() -> None:
+    # A burst queues behind itself: its first tokens land late and few. The gateway counts
+    # it as it comes, and the surge is shed on that, while the TTFTs still look calm.
+    def run(with_arrivals: bool) -> int | None:
+        c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0)
+        now = 0.0
+        for _ in range(120):  # two minutes of fast chat at 1/s
+            c.step(ControlInput(now, (200.0,), chat_arrivals=1 if with_arrivals else None))
+            now += 1.0
+        for k in range(10):  # 4/s arrive; one first token a second comes back, still fast
+            arrivals = 4 if with_arrivals else None
+            a = c.step(ControlInput(now, (200.0,), chat_arrivals=arrivals))
+            if a.inputs["chat_surge"]:
+                return k
+            now += 1.0
+        return None
+
+    assert run(with_arrivals=False) is None
+    shed_at = run(with_arrivals=True)
+    assert shed_at is not None and shed_at <= 5
+
+
+def slots_law(**changes: object) -> AllowanceController:
+    """Ours on an engine with 32 slots, chat usually 6 in flight (learned over 10 min)."""
+    c = ours(default_allowance=10, engine_slots=32, app_limited_headroom=0, **changes)
+    for now in range(0, 600):
+        c.step(ControlInput(float(now), (200.0,), chat_inflight=6, batch_inflight=10))
+    return c
+
+
+def test_growth_keeps_the_engine_slots_a_chat_burst_needs() -> None:
+    c = slots_law()
+    assert c.chat_usual is not None and abs(c.chat_usual - 6.0) < 0.01
+    level = c.allowance
+    for now in range(600, 1200):
+        a = c.step(ControlInput(float(now), (200.0,), chat_inflight=6, batch_inflight=level))
+        level = a.allowance_after
+    # 32 slots − ⌈3 × 6⌉ for a burst: batch never grows past 14, though chat is fast
+    assert level == 14
+    assert a.reason.endswith("held at the engine's slots a chat burst needs")
+    # without the engine's slot count the rule is off, and growth goes on to the ceiling
+    c = ours(default_allowance=10, app_limited_headroom=0)
+    for now in range(0, 1200):
+        c.step(ControlInput(float(now), (200.0,), chat_inflight=6))
+    assert c.allowance == 32
+
+
+def test_chat_holding_the_slots_cuts_batch_at_once() -> None:
+    c = slots_law()
+    # chat is still fast, but 20 of 32 slots hold chat and 10 batch: over 32 − 4
+    a = c.step(ControlInput(600.0, (200.0,), chat_inflight=20, batch_inflight=10))
+    assert (a.kind, a.allowance_after) == ("cut", 8)
+    assert a.reason == "cut 14 → 8: chat holds 20 of the engine's 32 slots"
+    # no drain time to wait for: the next second, with more chat, batch gives way again
+    a = c.step(ControlInput(601.0, (200.0,), chat_inflight=23, batch_inflight=9))
+    assert (a.kind, a.allowance_after) == ("cut", 5)
+    # a cut to room batch does not use changes nothing: 5 running, room for 5
+    a = c.step(ControlInput(602.0, (200.0,), chat_inflight=23, batch_inflight=5))
+    assert a.kind != "cut"
+
+
+def test_a_shed_for_load_leaves_the_frozen_ceiling_where_heat_put_it() -> None:
+    c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0)
+    hot = GpuState(SW_THERMAL_SLOWDOWN, 1500.0, MAX_MHZ)
+    c.frozen_ceiling = 12  # the card is heating: no growth past 12 for now
+    now = 0.0
+    for _ in range(120):
+        c.step(ControlInput(now, (200.0,), chat_arrivals=1, gpu=hot))
+        now += 1.0
+    for _ in range(5):  # a burst: shed
+        a = c.step(ControlInput(now, (200.0,), chat_arrivals=6, gpu=hot))
+        now += 1.0
+    assert c.allowance < 6 and a.inputs["chat_surge"]
+    assert c.frozen_ceiling == 12
+    # a latency cut is news about what the card can do now: that one lowers it
+    c.last_cut_s = -math.inf
+    c.step(ControlInput(now, (2500.0,) * 5, gpu=hot))
+    assert c.frozen_ceiling == c.allowance
+
+
 def warmed_detector(confirm: int = 1) -> tuple[SurgeDetector, float]:
     """A detector that has seen chat at 1/s for 100 s (in 5-s steps), and the time now."""
     d = SurgeDetector(

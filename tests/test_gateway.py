@@ -981,6 +981,10 @@ def test_chat_ttft_is_observed_on_metrics_and_in_the_ring(
     later = http.get(gw.url + "/control/observed", params={"since": chat[1]["ts"]}).json()
     assert later["ttft"]["chat"] == chat[2:]
     assert http.get(gw.url + "/control/observed", params={"since": "soon"}).status_code == 400
+    # work asked of the engine (POSTs), counted as it arrives
+    counts = http.get(gw.url + "/control/observed", params={"since": start}).json()
+    assert counts["work_requests_total"] == {"chat": 4, "batch": 0}
+    assert counts["inflight"] == {"chat": 0, "batch": 0}
 
     summary = control(http, gw)["classes"]["chat"]["observed"]
     assert summary["ttft_count"] == 3
@@ -991,3 +995,18 @@ def test_chat_ttft_is_observed_on_metrics_and_in_the_ring(
     assert 'llm_watchdog_gateway_requests_total{class="chat",outcome="ok"} 4' in metrics
     assert 'llm_watchdog_gateway_allowance{class="batch"} 2' in metrics
     assert "# TYPE llm_watchdog_gateway_queue_wait_seconds histogram" in metrics
+
+    # a chat request waiting for its first token already holds an engine slot: in flight
+    held = Background(http, gw.url + CHAT_URL, {"X-Test-Hold-Prefill": "c"}, chat_body())
+
+    def chat_inflight() -> int:
+        data = http.get(gw.url + "/control/observed", params={"since": start}).json()
+        return int(data["inflight"]["chat"])
+
+    wait_for(lambda: chat_inflight() == 1, what="one chat request in flight")
+    engine.release("c")
+    held.join()
+    assert chat_inflight() == 0
+    http.get(gw.url + "/v1/models")  # reading models is not load
+    counts = http.get(gw.url + "/control/observed", params={"since": start}).json()
+    assert counts["work_requests_total"] == {"chat": 5, "batch": 0}

@@ -170,3 +170,25 @@ def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path
     assert rows and rows[0]["verify_kind"] == "not_effective"
     assert "control not effective" in rows[0]["verify_detail"]
     assert [a.kind for a in alerts.sent][:1] == ["control_not_effective"]
+
+
+def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):
+    clock = Clock()
+    cfg = ControlConfig(target_p95_ms=1000.0, default_allowance=8, ceiling=16, engine_slots=32)
+    with rig(tmp_path) as (gw, store):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
+        try:
+            first = steer.step()  # no earlier count to take a difference from
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            for _ in range(3):
+                httpx.post(f"{gw.url}/v1/chat/completions", json=body).raise_for_status()
+            clock.t += 1
+            second = steer.step()
+            clock.t += 1
+            third = steer.step()
+        finally:
+            steer.close()
+    assert first.inputs["chat_arrivals"] is None and first.inputs["chat_inflight"] == 0
+    assert (second.inputs["chat_arrivals"], second.inputs["chat_inflight"]) == (3, 0)
+    assert second.inputs["samples"] == 3  # and their TTFTs, as before
+    assert third.inputs["chat_arrivals"] == 0

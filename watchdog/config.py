@@ -157,6 +157,9 @@ class ControlSettings:
     drain_time_s: float = _duration("20s")
     # After heat, hold the allowance until the clock has been steady this long.
     freeze_release_s: float = _duration("3m")
+    # Sequences the engine runs at once (vLLM --max-num-seqs, llama.cpp --parallel, Ollama
+    # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: not known.
+    engine_slots: int = 0
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""
     haproxy_server: str = ""
@@ -207,6 +210,7 @@ class Settings:
             drain_time_s=c.drain_time_s,
             lease_s=c.lease_s,
             freeze_release_s=c.freeze_release_s,
+            engine_slots=c.engine_slots,
         )
 
     def control_token(self) -> str | None:

@@ -58,6 +58,21 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
   are steadier to match: EWMA weight 0.05 (0.1 before), a surge needs z 3 (2.5) for three
   steps in a row, and growth stops at 0.7 T (DESIGN.md: 0.8), so the steady state is not a
   cut-and-grow cycle at the line. `design_law()` keeps 0.1 and 0.8.
+- Surges are counted from chat *arrivals* when the serving layer reports them
+  (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
+  behind itself, which put the shed 24 s into one measured burst instead of 4 s.
+- `engine_slots`, `slot_reserve`, `slot_margin`: the cliff is often the engine's slots, not
+  its speed. An engine runs at most max_num_seqs (llama.cpp: --parallel) sequences; a chat
+  request that finds them all taken waits for one to finish, and batch requests hold theirs
+  for their whole life. Measured in a burst at 3x: batch 16 + chat 16 filled 32 slots 3 s
+  in, and chat waited behind them until the shed batch drained. So growth stops at
+  slots − `slot_reserve` × the usual chat in flight (room for a burst), and when batch +
+  chat in flight pass slots − `slot_margin`, batch is cut to what is left at once, with no
+  drain time to wait for: it is a count, not an estimate. Both need the slot count and the
+  chat in flight (`ControlInput.chat_inflight`); without either they are off.
+- A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
+  says nothing about the card. (Measured: a shed during the first heat-up held the
+  allowance at 1 for 14 minutes.)
 """
 
 from __future__ import annotations
@@ -113,6 +128,9 @@ class ControlConfig:
     grow_fast_below: float = 0.5  # 0: off
     grow_fast_fraction: float = 0.25
     cut_from_running: bool = True  # cut min(allowance, in flight), not the allowance
+    engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
+    slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
+    slot_margin: int = 4  # cut when batch + chat in flight > slots − this; -1: off
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -141,6 +159,12 @@ class ControlConfig:
             f"freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}",
         )
         need(self.lease_s > 0, f"lease_s must be > 0 s, got {self.lease_s}")
+        need(
+            self.engine_slots >= 0,
+            f"engine_slots must be ≥ 0 (0: not known), got {self.engine_slots}",
+        )
+        need(self.slot_reserve >= 0, f"slot_reserve must be ≥ 0, got {self.slot_reserve}")
+        need(self.slot_margin >= -1, f"slot_margin must be ≥ 0 (-1: off), got {self.slot_margin}")
         for name in ("drain_time_s", "grow_cooldown_s", "freeze_release_s", "window_s"):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
@@ -189,6 +213,11 @@ class ControlInput:
     gpu: GpuState | None = None  # None: no NVML, the law runs on latency alone
     batch_inflight: int | None = None  # batch requests running at the serving layer
     allowance: int | None = None  # the allowance in force, as read back (None: not known)
+    # What the serving layer sees of chat before any answer (None: not known). Arrivals show
+    # a burst as it comes, not seconds later when its first tokens land (behind the queue
+    # the burst itself builds); chat in flight holds engine slots batch cannot take.
+    chat_arrivals: int | None = None  # chat requests that arrived since the last step
+    chat_inflight: int | None = None  # chat requests at the serving layer, not yet finished
 
 
 @dataclass(frozen=True)
@@ -252,6 +281,7 @@ class AllowanceController:
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
         self.surge_cap_ratio = 0.0  # the size of the largest surge missed
+        self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
 
     # -- what came in ----------------------------------------------------------------------
 
@@ -308,14 +338,14 @@ class AllowanceController:
                 self.settled_since_s = None
         return throttled, drop
 
-    def _surge(self, inp: ControlInput, level: int, values: list[float]) -> float:
+    def _surge(self, inp: ControlInput, level: int, values: list[float], dt: float) -> float:
         """The surge ratio while chat surges, else 0; learns the surge cap when one ends."""
         c = self.config
-        dt = 0.0 if self.last_now_s is None else inp.now_s - self.last_now_s
-        self.last_now_s = inp.now_s
         if c.surge_ratio <= 0:
             return 0.0
-        surging = self.surge.add(inp.now_s, len(values), dt)
+        # Arrivals show a burst as it comes; first tokens show it late, behind its own queue.
+        arrivals = len(values) if inp.chat_arrivals is None else inp.chat_arrivals
+        surging = self.surge.add(inp.now_s, arrivals, dt)
         self.recent_levels.append((inp.now_s, level))
         while self.recent_levels[0][0] < inp.now_s - 2 * c.surge_window_s:
             self.recent_levels.popleft()
@@ -362,7 +392,17 @@ class AllowanceController:
         level = min(max(before, c.floor), c.ceiling)
         est, worst, severe, values = self._observe(inp)
         throttled, drop = self._clock(inp, level)
-        surge = self._surge(inp, level, values)
+        dt = 0.0 if self.last_now_s is None else max(0.0, inp.now_s - self.last_now_s)
+        self.last_now_s = inp.now_s
+        surge = self._surge(inp, level, values, dt)
+        if inp.chat_inflight is not None and not surge:
+            # The usual chat concurrency, learned outside surges over the same time as the
+            # usual arrival rate: what a burst multiplies.
+            if self.chat_usual is None:
+                self.chat_usual = float(inp.chat_inflight)
+            else:
+                w = 1.0 - math.exp(-dt / c.surge_slow_s)
+                self.chat_usual += w * (inp.chat_inflight - self.chat_usual)
         can_cut = inp.now_s - self.last_cut_s >= c.drain_time_s and level > c.floor
         shed_to = (
             None
@@ -376,7 +416,12 @@ class AllowanceController:
             if c.cut_from_running and inp.batch_inflight is not None
             else level
         )
-        kind, after = "hold", level
+        slot_room = (
+            max(c.floor, c.engine_slots - c.slot_margin - inp.chat_inflight)
+            if c.engine_slots and c.slot_margin >= 0 and inp.chat_inflight is not None
+            else None
+        )
+        kind, after, load_cut = "hold", level, False
         if est is None or self.samples_seen < c.min_samples:
             why = f"waiting for samples ({self.samples_seen}/{c.min_samples})"
         elif severe and can_cut:
@@ -390,10 +435,13 @@ class AllowanceController:
             factor = max(c.max_cut_factor, c.cut_ratio * t / est)
             kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * factor)))
             why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
+        elif slot_room is not None and level > slot_room and running > slot_room:
+            kind, after, load_cut = "cut", slot_room, True
+            why = f"chat holds {inp.chat_inflight} of the engine's {c.engine_slots} slots"
         elif shed_to is not None and level > shed_to:
             # Little's law: chat's share of the engine grows with its arrival rate; shed
             # batch in proportion before the queue shows it.
-            kind, after = "cut", shed_to
+            kind, after, load_cut = "cut", shed_to, True
             why = f"chat arriving at {surge:.1f}× its usual rate: shed batch ahead of the queue"
         elif est >= c.grow_ratio * t:
             why = (
@@ -415,7 +463,10 @@ class AllowanceController:
             # Samples from before a cut tell of the old allowance: the next cut is judged
             # on what the new one does.
             self.window.clear()
-            if self.frozen_ceiling is not None:
+            # A shed for load is not news about heat: the frozen ceiling stays where heat
+            # put it (measured: a burst shed during the first heat-up held the allowance at
+            # 1 for 14 minutes).
+            if self.frozen_ceiling is not None and not load_cut:
                 self.frozen_ceiling = min(self.frozen_ceiling, after)
         if after != level:
             self.last_change_s = inp.now_s
@@ -440,6 +491,10 @@ class AllowanceController:
             )
         if self.surge_cap is not None and self.surge_cap < limit:
             limit, why_limit = self.surge_cap, "the level chat surges were met from"
+        if c.engine_slots and c.slot_reserve > 0 and self.chat_usual is not None:
+            room = c.engine_slots - math.ceil(c.slot_reserve * self.chat_usual)
+            if room < limit:
+                limit, why_limit = max(c.floor, room), "the engine's slots a chat burst needs"
         if c.app_limited_headroom > 0 and inp.batch_inflight is not None:
             used = inp.batch_inflight + c.app_limited_headroom
             if used < limit:
@@ -476,6 +531,9 @@ class AllowanceController:
             "chat_surge": round(surge, 2) if surge else None,
             "surge_cap": self.surge_cap,
             "batch_inflight": inp.batch_inflight,
+            "chat_arrivals": inp.chat_arrivals,
+            "chat_inflight": inp.chat_inflight,
+            "chat_usual_inflight": None if self.chat_usual is None else round(self.chat_usual, 2),
             "allowance_read_back": inp.allowance,
             "latency_only": gpu is None,
         }

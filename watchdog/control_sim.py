@@ -60,6 +60,8 @@ class SimController:
             gpu=GpuState(g.throttle_reasons, g.sm_clock_mhz, g.sm_clock_max_mhz),
             batch_inflight=obs.batch_inflight,
             allowance=obs.allowance,
+            chat_arrivals=obs.chat_arrivals,
+            chat_inflight=obs.chat_inflight,
         )
         action = self.inner.step(inp)
         self.actions.append(action)
@@ -86,6 +88,7 @@ def sim_config(ctx: ControllerContext, overrides: dict[str, Any] | None = None) 
         "target_p95_ms": ctx.slo_ttft_ms,
         "ceiling": ceiling,
         "default_allowance": min(4, ceiling),
+        "engine_slots": ctx.engine_max_running,
     }
     values.update(overrides or {})
     return ControlConfig(**values)

@@ -167,6 +167,8 @@ def run_demo(
                     "drain_time": "10s",
                     # The card's minutes pass time_scale times faster than the controller's.
                     "freeze_release": 180.0 / opts.time_scale,
+                    # The lab's engine says how many sequences it runs at once.
+                    "engine_slots": scenario.engine.max_running_seqs,
                 },
             },
             "demo",

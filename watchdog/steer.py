@@ -74,6 +74,7 @@ class Steer:
         # them twice. When they go to the engine directly, both are signal.
         self._canaries_via_gateway = canaries_via_gateway
         self._observed_since: float | None = None
+        self._chat_requests_total: int | None = None
         self._lock = threading.Lock()
         self._canary_ttfts: deque[float] = deque(maxlen=1000)
         self._failed_canaries = 0
@@ -106,14 +107,20 @@ class Steer:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _chat_ttfts(self) -> tuple[list[float], int]:
+    def _chat_seen(self) -> tuple[list[float], int, int | None, int | None]:
+        """Chat since the last step: (TTFTs, failed canaries, arrivals, in flight now).
+
+        Arrivals and in-flight come from the gateway only (None without it): the first
+        reading, and one after the gateway restarted (its counter went back), has no
+        difference to take.
+        """
         with self._lock:
             canaries = list(self._canary_ttfts)
             failed = self._failed_canaries
             self._canary_ttfts.clear()
             self._failed_canaries = 0
         if self._observed is None:
-            return canaries, failed
+            return canaries, failed, None, None
         since = self._observed_since if self._observed_since is not None else self.clock() - 30
         try:
             resp = self._observed.get(
@@ -123,10 +130,20 @@ class Steer:
             chat = data["ttft"]["chat"]
             self._observed_since = float(data.get("now", self.clock()))
             seen = [float(x["ttft_ms"]) for x in chat]
-            return (seen if self._canaries_via_gateway and seen else seen + canaries), failed
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             log.debug("gateway TTFTs unavailable (%s); using canaries", exc)
-            return canaries, failed
+            return canaries, failed, None, None
+        ttfts = seen if self._canaries_via_gateway and seen else seen + canaries
+        arrivals = inflight = None
+        try:  # older gateways have no counts: TTFTs alone still steer
+            total = int(data["work_requests_total"]["chat"])
+            inflight = int(data["inflight"]["chat"])
+        except (KeyError, TypeError, ValueError):
+            total = None
+        last, self._chat_requests_total = self._chat_requests_total, total
+        if total is not None and last is not None and total >= last:
+            arrivals = total - last
+        return ttfts, failed, arrivals, inflight
 
     def step(self) -> ControlAction:
         now_s = self.monotonic()
@@ -138,7 +155,7 @@ class Steer:
         except ActuatorError as exc:
             log.warning("cannot read the batch allowance: %s", exc)
             in_force, inflight = self.allowance, None
-        ttfts, failed = self._chat_ttfts()
+        ttfts, failed, arrivals, chat_inflight = self._chat_seen()
         g = self._gpu
         gpu = (
             GpuState(g.throttle_reasons, g.sm_clock_mhz, g.sm_clock_max_mhz)
@@ -153,6 +170,8 @@ class Steer:
                 gpu=gpu,
                 batch_inflight=inflight,
                 allowance=in_force,
+                chat_arrivals=arrivals,
+                chat_inflight=chat_inflight,
             )
         )
         self.last_action = action

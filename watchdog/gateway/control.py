@@ -4,7 +4,8 @@
     GET  /control/classes/{name}     one class, the same fields
     PUT  /control/classes/batch      {"allowance": 4, "lease_s": 60, "reason": "..."}
                                      with Authorization: Bearer <token>
-    GET  /control/observed?since=TS  recent TTFTs (unix seconds, ms) per class, newer than TS
+    GET  /control/observed?since=TS  recent TTFTs (unix seconds, ms) per class, newer than TS;
+                                     work requests (POSTs) so far and in flight now, per class
     GET  /metrics                    Prometheus text
 
 A refused PUT (401 without a valid token, 400 for a bad value) changes nothing. Errors use
@@ -133,6 +134,9 @@ async def get_observed(request: Request) -> Response:
                 cls: [{"ts": ts, "ttft_ms": round(ms, 3)} for ts, ms in gw.ttft_since(cls, since)]
                 for cls in gw.gates
             },
+            # Counters since the gateway started and gauges now: a reader takes differences.
+            "work_requests_total": {cls: gw.observer[cls].work_requests for cls in gw.gates},
+            "inflight": {cls: gate.inflight for cls, gate in gw.gates.items()},
         }
     )
 

@@ -69,6 +69,9 @@ class ClassStats:
     def __init__(self, ring_size: int) -> None:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.requests = 0
+        # Requests that ask the engine for work (POST): what the controller counts as
+        # arrivals; reading models or health is not load.
+        self.work_requests = 0
         self.chunks = 0
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.queue_wait = Histogram(QUEUE_WAIT_BUCKETS_S)

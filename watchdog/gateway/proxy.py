@@ -206,6 +206,7 @@ class Proxy:
         gated = scope["method"] == "POST"
         admitted = False
         if gated:
+            stats.work_requests += 1
             gw.expire_leases()
             started = gw.clock()
             outcome = await gate.acquire()

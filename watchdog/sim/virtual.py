@@ -187,6 +187,8 @@ def run_virtual(
     next_minute = WINDOW_S
     ttfts: list[tuple[float, float]] = []  # (arrival s, ttft ms)
     recent: list[float] = []
+    arrived = 0  # chat arrivals since the last decision
+    chat_open: set[int] = set()  # chat requests arrived and not finished
     window_ttfts: list[float] = []
     minutes: list[MinuteRow] = []
     window_reasons = 0
@@ -222,8 +224,11 @@ def run_virtual(
             batch_tokens += n
             window_batch_tokens += n
             batch_done += sum(1 for r in res.finished if r.cls == "batch")
+            chat_open.difference_update(r.id for r in res.finished if r.cls == "chat")
         elif t == next_chat:
             req = world.new_request("chat", t)
+            arrived += 1
+            chat_open.add(req.id)
             heapq.heappush(pending, (t + overhead_s, req.id, req))
             next_chat = arrivals.next_after(t, duration)
         elif t == t_pending:
@@ -240,9 +245,11 @@ def run_virtual(
                 batch_demand=world.batch_streams,
                 allowance=world.allowance,
                 slo_ttft_ms=slo,
+                chat_arrivals=arrived,
+                chat_inflight=len(chat_open),
             )
             prev_snap = snap
-            recent = []
+            recent, arrived = [], 0
             decision = ctl.decide(t, obs)
             if decision is not None and decision != world.allowance:
                 if decided:  # the first decision sets the allowance, it does not change it
