@@ -282,7 +282,11 @@ class _Handler(BaseHTTPRequestHandler):
             answers["/version"] = {"version": b.version}
             answers["/health"] = {}
         elif b.engine == "sglang":
-            answers["/get_server_info"] = {"version": b.version, "model_path": b.model}
+            answers["/get_server_info"] = {
+                "version": b.version,
+                "model_path": b.model,
+                "max_running_requests": 48,
+            }
             answers["/health"] = {}
         elif b.engine == "tgi":
             answers["/info"] = {"model_id": b.model, "version": b.version, "router": "tgi-router"}

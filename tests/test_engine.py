@@ -12,6 +12,7 @@ from watchdog.engine import (
     ModelResolveError,
     api_root,
     detect_engine,
+    engine_slots,
     models_url,
     resolve_model,
 )
@@ -72,6 +73,13 @@ def test_llamacpp_from_its_real_endpoints() -> None:
     assert info.version == "b0-unknown"
     assert info.models == ("smollm2-135m-instruct",)
     assert info.props["total_slots"] == 4
+    assert engine_slots(info) == 4  # --parallel: what the controller keeps chat's share of
+
+
+@pytest.mark.parametrize(("engine", "slots"), [("sglang", 48), ("vllm", None), ("tgi", None)])
+def test_engine_slots_where_the_engine_publishes_them(engine: str, slots: int | None) -> None:
+    with StreamServer(engine=engine) as srv:
+        assert engine_slots(detect_engine(srv.url)) == slots
 
 
 def test_a_plain_openai_server_is_unknown_with_its_models() -> None:

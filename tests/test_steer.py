@@ -192,3 +192,20 @@ def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):
     assert (second.inputs["chat_arrivals"], second.inputs["chat_inflight"]) == (3, 0)
     assert second.inputs["samples"] == 3  # and their TTFTs, as before
     assert third.inputs["chat_arrivals"] == 0
+
+
+def test_a_detected_slot_count_is_used_only_where_the_config_gives_none(tmp_path):
+    with rig(tmp_path) as (gw, store):
+        unset = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
+        given = gateway_steer(
+            ControlConfig(target_p95_ms=1000.0, engine_slots=8), gw.url, TOKEN, store
+        )
+        try:
+            unset.engine_slots(None)  # vLLM: not published
+            assert unset.law.config.engine_slots == 0
+            unset.engine_slots(4)  # llama.cpp /props total_slots
+            given.engine_slots(4)
+            assert (unset.law.config.engine_slots, given.law.config.engine_slots) == (4, 8)
+        finally:
+            unset.close()
+            given.close()

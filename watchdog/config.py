@@ -158,7 +158,7 @@ class ControlSettings:
     # After heat, hold the allowance until the clock has been steady this long.
     freeze_release_s: float = _duration("3m")
     # Sequences the engine runs at once (vLLM --max-num-seqs, llama.cpp --parallel, Ollama
-    # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: not known.
+    # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: detected where the engine says.
     engine_slots: int = 0
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""

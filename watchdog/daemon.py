@@ -27,7 +27,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from watchdog.api import ApiServer, ProbeMetrics
 from watchdog.config import Settings
 from watchdog.drift import classify_cold
-from watchdog.engine import EngineInfo, detect_engine, resolve_model
+from watchdog.engine import EngineInfo, detect_engine, engine_slots, resolve_model
 from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
 from watchdog.gpu import NvmlReader
 from watchdog.judge import Judge
@@ -135,6 +135,8 @@ class Daemon:
         info = detect_engine(s.url, api_key=self.api_key, transport=self.transport)
         if info.engine not in ("unreachable",):
             self.engine = info
+            if self.steer is not None:
+                self.steer.engine_slots(engine_slots(info))
         if s.model == "auto" and info.models:
             self.model = info.models[0]
         elif s.model == "auto" and self.model is None:

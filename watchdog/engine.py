@@ -47,6 +47,19 @@ class EngineInfo:
     detail: str = ""  # why the engine is unreachable or unknown, one line
 
 
+def engine_slots(info: EngineInfo) -> int | None:
+    """Sequences the engine runs at once, where its info document says (None: it does not).
+
+    llama.cpp's /props has `total_slots` (--parallel); SGLang's /get_server_info has
+    `max_running_requests`. vLLM, Ollama and TGI do not publish theirs.
+    """
+    key = {"llamacpp": "total_slots", "sglang": "max_running_requests"}.get(info.engine)
+    value = info.props.get(key) if key else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
 def api_root(base_url: str) -> str:
     """The server root for a base URL given with or without `/v1` (and trailing slashes)."""
     url = base_url.strip().rstrip("/")

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -104,6 +105,13 @@ class Steer:
 
     def gpu(self, sample: GpuSample | None) -> None:
         self._gpu = sample
+
+    def engine_slots(self, slots: int | None) -> None:
+        """The engine's slot count as detected; used only where the config gives none."""
+        if not slots or self.config.engine_slots or self.law.config.engine_slots == slots:
+            return
+        log.info("engine runs %d sequences at once: batch kept off the slots chat needs", slots)
+        self.law.config = replace(self.law.config, engine_slots=slots)
 
     # ---- one step ---------------------------------------------------------------------
 
