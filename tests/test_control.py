@@ -323,6 +323,37 @@ def test_a_cut_acts_on_what_runs_not_on_room_nobody_uses() -> None:
     assert a.allowance_after == 6  # still draining): the allowance is the basis
 
 
+def test_a_surge_missed_with_no_batch_running_teaches_nothing_about_batch() -> None:
+    c = ours(default_allowance=0, app_limited_headroom=0, surge_confirm=1)
+    surge(c, 0.0, 0, 20, 1500.0)  # missed, but at the floor: chat alone was too much
+    assert c.surge_cap is None
+
+
+def test_what_a_met_surge_shed_comes_back_at_the_fast_pace() -> None:
+    def regrowth(surge_ms: float) -> list[int]:
+        c = ours(default_allowance=12, app_limited_headroom=0, surge_confirm=1)
+        now = 0.0
+        for _ in range(24):  # two minutes of chat at 1/s
+            c.step(ControlInput(now, (600.0,) * 5))
+            now += 5.0
+        while now < 135.0 or c.surge.surging:  # 4/s for 15 s, then 1/s until it is over
+            c.step(ControlInput(now, (surge_ms,) * (20 if now < 135.0 else 5)))
+            now += 5.0
+        levels = []
+        for _ in range(12):  # a minute of chat at 0.6 T: grows, but not "far below"
+            now += 5.0
+            levels.append(c.step(ControlInput(now, (600.0,) * 5)).allowance_after)
+        return levels
+
+    met, missed = regrowth(600.0), regrowth(1500.0)
+    # shed from 20 (where the calm two minutes had grown it), and nearly back in a minute
+    assert met[0] < 10 and met[-1] >= 19
+    steps = [b - a for a, b in zip(met, met[1:], strict=False) if b > a]
+    assert max(steps) >= 2  # a quarter of the level per step, not one at a time
+    # a surge missed is news about batch: growth after it stays slow (and under the cap)
+    assert all(b - a <= 1 for a, b in zip(missed, missed[1:], strict=False))
+
+
 def test_surge_cap_is_learned_from_the_level_before_the_cuts() -> None:
     c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, surge_confirm=2)
     now = 0.0

@@ -73,6 +73,11 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
 - A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
   says nothing about the card. (Measured: a shed during the first heat-up held the
   allowance at 1 for 14 minutes.)
+- What a surge that was met had shed comes back at the fast pace (a quarter of the level per
+  step). Arrivals are Poisson and false alarms happen a few times an hour; one that then
+  regrew a step at a time cost a dozen changes. A surge missed with no batch running (the
+  allowance already at the floor) teaches no surge cap: chat alone was too much. (Measured:
+  such a surge set the cap to 0, and batch stayed there for the last half hour.)
 """
 
 from __future__ import annotations
@@ -281,6 +286,7 @@ class AllowanceController:
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
         self.surge_cap_ratio = 0.0  # the size of the largest surge missed
+        self.regrow_to: int | None = None  # the level a met surge was shed from
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
 
     # -- what came in ----------------------------------------------------------------------
@@ -360,7 +366,9 @@ class AllowanceController:
             self.surge_samples = [v for _, v in self.recent_samples]
         elif not surging and self.surge_base is not None:
             seen = quantile(self.surge_samples, 0.95) if self.surge_samples else 0.0
-            if seen > c.target_p95_ms:
+            # Missed with no batch running (the level was already at the floor): chat alone
+            # was too much, and there is nothing to learn about batch from it.
+            if seen > c.target_p95_ms and self.surge_onset > c.floor:
                 cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
                 self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
@@ -373,6 +381,9 @@ class AllowanceController:
                 # Met from the cap with room to spare, and as big as the one that was
                 # missed (a small surge met says little about a big one): try one more.
                 self.surge_cap += 1
+            # A surge met: what it shed comes back at the fast pace, not one step at a time
+            # (a false alarm then costs a few changes, not a dozen).
+            self.regrow_to = self.surge_onset if seen <= c.target_p95_ms else None
             self.surge_base = None
         self.recent_samples.extend((inp.now_s, v) for v in values)
         while self.recent_samples and self.recent_samples[0][0] < inp.now_s - 2 * c.surge_window_s:
@@ -459,6 +470,8 @@ class AllowanceController:
             kind, after, why = self._grow(level, est, inp, throttled)
         if after < level:
             self.last_cut_s = inp.now_s
+            if not load_cut:
+                self.regrow_to = None
             self.good_streak = 0
             # Samples from before a cut tell of the old allowance: the next cut is judged
             # on what the new one does.
@@ -480,6 +493,8 @@ class AllowanceController:
     ) -> tuple[str, int, str]:
         c = self.config
         fast = c.grow_fast_below > 0 and est < c.grow_fast_below * c.target_p95_ms
+        regrowing = self.regrow_to is not None and level < self.regrow_to
+        fast = fast or regrowing
         step = max(1, math.ceil((c.grow_fast_fraction if fast else c.grow_fraction) * level))
         limit, why_limit = c.ceiling, f"the ceiling {c.ceiling}"
         if self.frozen_ceiling is not None and self.frozen_ceiling < limit:
