@@ -667,6 +667,9 @@ def test_lab_names_after_register() -> None:
     assert (inner.config.window_s, inner.config.freeze, inner.config.ceiling) == (30.0, "off", 48)
     design = make_controller("design", lab_context()).inner  # type: ignore[attr-defined]
     assert (design.config.freeze, design.config.surge_ratio) == ("throttled", 0.0)
+    # the engine's slots are known in the lab, but DESIGN.md's law does not use them
+    assert design.config.engine_slots == 48
+    assert (design.config.slot_reserve, design.config.slot_margin) == (0.0, -1)
     assert isinstance(make_controller("aimd:5", lab_context()), control_sim.SimController)
     assert make_controller("aimd:5", lab_context()).interval_s == 5.0
     # without registration, by import path

@@ -187,6 +187,8 @@ def design_law(config: ControlConfig) -> ControlConfig:
         cut_from_running=False,
         grow_ratio=0.8,
         ewma_alpha=0.1,
+        slot_reserve=0.0,
+        slot_margin=-1,
     )
 
 

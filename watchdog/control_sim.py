@@ -78,6 +78,8 @@ ADDITIONS = (
     "cut_from_running",
     "grow_ratio",
     "ewma_alpha",
+    "slot_reserve",
+    "slot_margin",
 )
 
 
