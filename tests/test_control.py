@@ -453,6 +453,16 @@ def test_chat_holding_the_slots_cuts_batch_at_once() -> None:
     assert a.kind != "cut"
 
 
+def test_on_a_small_engine_the_slot_margin_is_an_eighth_of_it() -> None:
+    # llama.cpp with --parallel 8: a margin of 4 would keep half the engine from batch
+    c = ours(default_allowance=6, engine_slots=8, app_limited_headroom=0)
+    for now in range(0, 120):
+        a = c.step(ControlInput(float(now), (200.0,), chat_inflight=1, batch_inflight=6))
+        assert a.kind != "cut", a.reason  # 6 + 1 fits 8 − 1
+    a = c.step(ControlInput(120.0, (200.0,), chat_inflight=2, batch_inflight=6))
+    assert a.reason == "cut 6 → 5: chat holds 2 of the engine's 8 slots"
+
+
 def test_a_shed_for_load_leaves_the_frozen_ceiling_where_heat_put_it() -> None:
     c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0)
     hot = GpuState(SW_THERMAL_SLOWDOWN, 1500.0, MAX_MHZ)

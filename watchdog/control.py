@@ -67,7 +67,8 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
   for their whole life. Measured in a burst at 3x: batch 16 + chat 16 filled 32 slots 3 s
   in, and chat waited behind them until the shed batch drained. So growth stops at
   slots − `slot_reserve` × the usual chat in flight (room for a burst), and when batch +
-  chat in flight pass slots − `slot_margin`, batch is cut to what is left at once, with no
+  chat in flight pass slots − `slot_margin` (at most an eighth of the slots: 4 is half of an
+  8-slot llama.cpp server), batch is cut to what is left at once, with no
   drain time to wait for: it is a count, not an estimate. Both need the slot count and the
   chat in flight (`ControlInput.chat_inflight`); without either they are off.
 - A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
@@ -135,7 +136,7 @@ class ControlConfig:
     cut_from_running: bool = True  # cut min(allowance, in flight), not the allowance
     engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
-    slot_margin: int = 4  # cut when batch + chat in flight > slots − this; -1: off
+    slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8); -1: off
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -429,8 +430,13 @@ class AllowanceController:
             if c.cut_from_running and inp.batch_inflight is not None
             else level
         )
+        # A margin of 4 slots is a rounding error on a 256-slot vLLM and half of an 8-slot
+        # llama.cpp server: no more than an eighth of the slots.
         slot_room = (
-            max(c.floor, c.engine_slots - c.slot_margin - inp.chat_inflight)
+            max(
+                c.floor,
+                c.engine_slots - min(c.slot_margin, c.engine_slots // 8) - inp.chat_inflight,
+            )
             if c.engine_slots and c.slot_margin >= 0 and inp.chat_inflight is not None
             else None
         )
