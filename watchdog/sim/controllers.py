@@ -36,9 +36,8 @@ class Observation:
     batch_demand: int  # streams the batch job wants in flight
     allowance: int | None  # the allowance in force (None: no cap)
     slo_ttft_ms: float  # the chat p95 TTFT target
-    # What the gateway sees before any answer: chat requests that arrived since last time,
-    # and how long each chat request still waiting for its first token has waited (ms).
-    chat_arrivals: int | None = None
+    # What a gateway sees of chat before any answer (None: not known).
+    chat_arrivals: int | None = None  # chat requests that arrived since last time
     chat_inflight: int | None = None  # chat requests arrived and not yet finished
 
 
