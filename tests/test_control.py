@@ -392,6 +392,30 @@ def test_a_surge_is_judged_from_its_first_seconds() -> None:
     assert c.surge_cap == 6  # missed from 12
 
 
+def test_a_surge_is_judged_by_its_first_minute_as_the_slo_is() -> None:
+    # Three minutes at 4/s: the first minute loses its p95 (one answer in ten slow), the
+    # two after the shed are fast. Over all three minutes the p95 is fast; the SLO's first
+    # minute was lost all the same, so the surge counts as missed and teaches a cap.
+    def cap(window_s: float) -> int | None:
+        c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, window_s=window_s)
+        now = 0.0
+        for _ in range(600):  # ten minutes of fast chat at 1/s (the usual rate), 12 in force
+            c.step(ControlInput(now, (200.0,), allowance=12))
+            now += 1.0
+        for k in range(180):
+            slow = k < 60 and k % 10 == 0
+            c.step(ControlInput(now, (2500.0 if slow else 200.0,) * 4, allowance=12))
+            now += 1.0
+        assert c.surge.surging
+        while c.surge.surging:
+            c.step(ControlInput(now, (200.0,), allowance=12))
+            now += 1.0
+        return c.surge_cap
+
+    assert cap(60.0) == 6  # missed from 12
+    assert cap(0.0) is None  # judged over the whole surge: "met"
+
+
 def test_arrivals_show_a_burst_before_its_first_tokens_do() -> None:
     # A burst queues behind itself: its first tokens land late and few. The gateway counts
     # it as it comes, and the surge is shed on that, while the TTFTs still look calm.

@@ -36,9 +36,10 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
 - `surge_ratio`: knowing the cause when it is load. Chat comes in bursts, and the cliff
   (chat queueing behind batch prefills in the engine) comes seconds after a burst starts,
   faster than running batch requests drain. A surge in chat arrivals (`SurgeDetector`)
-  sheds batch in proportion at once, and how the surge went teaches a ceiling: a surge
-  missed from level L caps growth at `surge_backoff`·L; one as large, met from the cap
-  with room to spare, raises the cap by 1.
+  sheds batch in proportion at once, and how the surge went (its chat p95 over its first
+  `window_s`, the minute the SLO loses or keeps) teaches a ceiling: a surge missed from
+  level L caps growth at `surge_backoff`·L; one as large, met from the cap with room to
+  spare, raises the cap by 1.
 - `app_limited_headroom`: never grow more than this above what the batch job has in flight
   (Gradient2's "don't grow the limit if we are app limited"): an allowance nobody uses buys
   nothing, and lets a sudden batch burst swamp chat at once. It also paces growth: every
@@ -284,7 +285,7 @@ class AllowanceController:
         self.surge_base: int | None = None  # the level when the current surge was confirmed
         self.surge_onset = 0  # the highest level in the lookback before it was confirmed
         self.recent_levels: deque[tuple[float, int]] = deque()
-        self.surge_samples: list[float] = []
+        self.surge_samples: list[tuple[float, float]] = []  # (now_s, TTFT ms)
         self.recent_samples: deque[tuple[float, float]] = deque()  # before this step
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
@@ -366,9 +367,16 @@ class AllowanceController:
             # sank the cap to 1 after one missed surge; judging only what came after the
             # confirmation called a surge "met" whose minute was lost before the shed.
             self.surge_onset = max(lv for _, lv in self.recent_levels)
-            self.surge_samples = [v for _, v in self.recent_samples]
+            self.surge_samples = list(self.recent_samples)
         elif not surging and self.surge_base is not None:
-            seen = quantile(self.surge_samples, 0.95) if self.surge_samples else 0.0
+            # Judged as the SLO is, per minute: the burst's first minute is where it is won
+            # or lost, and the minutes after its shed would water that down (measured: a
+            # surge whose first minute was lost counted as met over its two minutes, taught
+            # no cap, and regrew fast to where the next burst was lost too).
+            judged = self.surge_samples
+            if c.window_s > 0 and judged:
+                judged = [x for x in judged if x[0] < judged[0][0] + c.window_s]
+            seen = quantile([v for _, v in judged], 0.95) if judged else 0.0
             # Missed with no batch running (the level was already at the floor): chat alone
             # was too much, and there is nothing to learn about batch from it.
             if seen > c.target_p95_ms and self.surge_onset > c.floor:
@@ -393,7 +401,7 @@ class AllowanceController:
             self.recent_samples.popleft()
         if self.surge_base is None:
             return 0.0
-        self.surge_samples.extend(values)
+        self.surge_samples.extend((inp.now_s, v) for v in values)
         self.surge_peak = max(self.surge_peak, self.surge.last_ratio)
         return max(self.surge.last_ratio, 1.0)
 
