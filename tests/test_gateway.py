@@ -487,6 +487,29 @@ def test_lowering_the_allowance_below_inflight_stops_admitting_but_kills_nothing
     assert waiting.join().status == 200
 
 
+def test_a_raise_lets_queued_batch_in_one_at_a_time_at_the_ramp(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    gw = make_gateway(batch_default_allowance=1, batch_ramp_per_s=5.0, max_queue_wait_s=10.0)
+    running = Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body())
+    wait_for(lambda: engine.count("open") == 1)
+    queued = [
+        Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(3)
+    ]
+    wait_for(lambda: batch_state(http, gw)["queued"] == 3)
+    started = time.monotonic()
+    assert put_batch(http, gw, {"allowance": 4, "lease_s": 60}).status_code == 200
+    state = batch_state(http, gw)
+    assert (state["allowance"], state["ramp_per_s"]) == (4, 5.0)
+    assert state["admitting"] < 4  # one more at once, then one every 0.2 s
+    wait_for(lambda: engine.count("open") == 4, what="all three let in by the ramp")
+    assert time.monotonic() - started >= 2 / 5.0 - 0.01
+    assert batch_state(http, gw)["admitting"] == 4
+    engine.release("b")
+    for request in (running, *queued):
+        assert request.join().status == 200
+
+
 # -- disconnects -------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,37 @@ def test_gateway_lease_expiry_with_an_injected_clock_logs_and_records(
     assert state["changes"][1]["ts"] == 1_700_000_060.0
     assert "batch allowance 6 -> 1 (lease 60 s): heat" in caplog.text
     assert "batch allowance lease ran out: 1 -> default 6 (it was set for: heat)" in caplog.text
+
+
+def test_a_raise_ramps_from_what_runs_and_a_cut_is_at_once() -> None:
+    a = Allowance(default=4, ceiling=16, ramp_per_s=0.5)
+    assert a.limit(0.0) == 4  # the default is in force from the start, not ramped
+    a.set(1, None, "shed", now=0.0, wall=0.0, inflight=4)
+    assert (a.limit(0.0), a.next_rise(0.0)) == (1, None)  # a cut: at once
+    a.set(9, None, "regrow", now=10.0, wall=10.0, inflight=3)
+    # 3 still running: one more at once, then one every 2 s, up to 9
+    assert [a.limit(t) for t in (10.0, 11.9, 12.0, 14.0, 19.9, 20.0, 500.0)] == [
+        4,
+        4,
+        5,
+        6,
+        8,
+        9,
+        9,
+    ]
+    assert (a.next_rise(10.0), a.next_rise(12.5), a.next_rise(20.0)) == (12.0, 14.0, None)
+    a.set(7, None, "", now=14.0, wall=14.0, inflight=5)  # lower, still above the ramp (6)
+    assert (a.limit(14.0), a.limit(16.0), a.limit(99.0)) == (7, 7, 7)
+    a.set(2, 30.0, "", now=16.0, wall=16.0, inflight=6)
+    assert a.limit(16.0) == 2
+    a.expire(now=46.0, wall=46.0, inflight=2)  # back to the default 4, ramped too
+    assert (a.value, a.limit(46.0), a.limit(48.0), a.limit(50.0)) == (4, 3, 4, 4)
+
+
+def test_without_a_ramp_a_raise_is_at_once() -> None:
+    a = Allowance(default=1, ceiling=16)
+    a.set(9, None, "", now=0.0, wall=0.0, inflight=1)
+    assert (a.limit(0.0), a.next_rise(0.0)) == (9, None)
 
 
 # -- admission queue ---------------------------------------------------------------------
@@ -198,6 +230,27 @@ def test_lowering_the_allowance_keeps_running_ones_and_raising_it_wakes_waiters(
         return seen
 
     assert asyncio.run(scenario()) == [(3, 1), (2, 1), (3, 0)]
+
+
+def test_after_a_raise_the_gate_lets_waiters_in_one_at_a_time() -> None:
+    async def scenario() -> tuple[int, int, float]:
+        a = Allowance(default=1, ceiling=64, ramp_per_s=20.0)  # one every 50 ms
+        gate = ClassGate("batch", a, 5.0, 100)
+        await gate.acquire()
+        waiters = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        t0 = time.monotonic()
+        a.set(4, None, "", t0, 0.0, gate.inflight)
+        gate.wake()
+        await asyncio.sleep(0)
+        at_once = gate.inflight  # one let in at once, the other two by the ramp
+        outcomes = await asyncio.wait_for(asyncio.gather(*waiters), 5.0)
+        assert outcomes == ["admitted"] * 3
+        return at_once, gate.inflight, time.monotonic() - t0
+
+    at_once, inflight, took = asyncio.run(scenario())
+    assert (at_once, inflight) == (2, 4)
+    assert took >= 2 / 20.0 - 1e-6  # no sooner than the ramp allows
 
 
 def test_chat_gate_is_never_limited() -> None:
@@ -321,6 +374,7 @@ def test_parse_put(data: Any, expected: Any) -> None:
         ),
         ({"batch_ceiling": -1}, "batch_ceiling must be an integer >= 0"),
         ({"max_queue_wait_s": -1}, "max_queue_wait_s must be >= 0 seconds"),
+        ({"batch_ramp_per_s": -0.5}, "batch_ramp_per_s must be >= 0 requests a second"),
         ({"key_classes": {"sk-12345678": "gold"}, "default_class": "chat"}, "…5678 must be one of"),
         ({"priorities": {"chat": "high"}}, "priorities must map chat/batch to integers"),
         ({"listen_port": 70000}, r"listen_port must be in \[0, 65535\]"),

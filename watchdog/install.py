@@ -26,6 +26,8 @@ LLM_WATCHDOG_GATEWAY_UPSTREAM=http://127.0.0.1:8000
 LLM_WATCHDOG_GATEWAY_BATCH_ALLOWANCE=8
 LLM_WATCHDOG_GATEWAY_BATCH_CEILING=64
 LLM_WATCHDOG_GATEWAY_MAX_QUEUE_WAIT=30s
+# Batch requests let in per second after a raise (0: all at once).
+LLM_WATCHDOG_GATEWAY_BATCH_RAMP=0.5
 # The control token (the watchdog's [control] token_file names the same file):
 LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token
 """

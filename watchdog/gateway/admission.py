@@ -7,12 +7,20 @@ parks the ones over the allowance in FIFO order, and wakes them as places free u
 A class without an allowance (chat) is never queued: its gate only counts. Lowering the
 allowance under the in-flight count stops nothing that runs; new requests wait until
 enough have finished.
+
+A raise is ramped (`ramp_per_s`, like HAProxy's `slowstart`): one more is let in at once,
+and the limit climbs from there to the new allowance at that many requests a second. Every
+batch request starts with a long prefill, and many let in at once prefill together and
+stall chat for seconds; the ramp spreads them out, so a controller can give back in one
+write what it took in one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,7 +56,7 @@ class Allowance:
     `now` is monotonic seconds (for the lease), `wall` is unix seconds (for what is shown).
     """
 
-    def __init__(self, default: int, ceiling: int) -> None:
+    def __init__(self, default: int, ceiling: int, ramp_per_s: float = 0.0) -> None:
         self.default = default
         self.ceiling = ceiling
         self.value = default
@@ -56,13 +64,43 @@ class Allowance:
         self.lease_expires_at: float | None = None  # unix seconds, for readers
         self.reason: str | None = None
         self.set_at: float | None = None
+        self.ramp_per_s = ramp_per_s  # 0: a raise takes effect at once
+        self._ramp_from = float(default)
+        self._ramp_t0 = 0.0
+
+    def limit(self, now: float) -> int:
+        """How many may be in flight at `now`: the allowance, or its ramp toward it."""
+        if self.ramp_per_s <= 0:
+            return self.value
+        climbed = self._ramp_from + self.ramp_per_s * (now - self._ramp_t0)
+        return min(self.value, int(climbed + 1e-9))
+
+    def next_rise(self, now: float) -> float | None:
+        """When the ramp next lets one more in (monotonic seconds); None when not ramping."""
+        limit = self.limit(now)
+        if limit >= self.value:
+            return None
+        return self._ramp_t0 + (limit + 1 - self._ramp_from) / self.ramp_per_s
+
+    def _retarget(self, value: int, now: float, inflight: int) -> None:
+        # A raise lets one more in at once, then climbs from there; a cut is at once.
+        before = self.limit(now)
+        self._ramp_from = float(max(before, inflight) + 1) if value > before else float(value)
+        self._ramp_t0 = now
 
     def set(
-        self, value: int, lease_s: float | None, reason: str, now: float, wall: float
+        self,
+        value: int,
+        lease_s: float | None,
+        reason: str,
+        now: float,
+        wall: float,
+        inflight: int = 0,
     ) -> Change:
         if not 0 <= value <= self.ceiling:
             raise ValueError(f"allowance must be an integer in [0, {self.ceiling}], got {value}")
         before = self.value
+        self._retarget(value, now, inflight)
         self.value = value
         self.lease_ends = None if lease_s is None else now + lease_s
         self.lease_expires_at = None if lease_s is None else wall + lease_s
@@ -70,12 +108,13 @@ class Allowance:
         self.set_at = wall
         return Change(wall, "set", before, value, lease_s, reason)
 
-    def expire(self, now: float, wall: float) -> Change | None:
+    def expire(self, now: float, wall: float, inflight: int = 0) -> Change | None:
         """Back to the default if the lease has run out at `now`; the change, else None."""
         if self.lease_ends is None or now < self.lease_ends:
             return None
         before = self.value
         reason = self.reason or ""
+        self._retarget(self.default, now, inflight)
         self.value = self.default
         self.lease_ends = None
         self.lease_expires_at = None
@@ -96,20 +135,28 @@ class ClassGate:
         allowance: Allowance | None,
         max_queue_wait_s: float | None,
         max_queued: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.allowance = allowance  # None: never limited, never queued
         self.max_queue_wait_s = max_queue_wait_s
         self.max_queued = max_queued
+        self.clock = clock  # the allowance's `now`
         self.inflight = 0
         self._queue: deque[asyncio.Future[bool]] = deque()
+        self._ramp_timer: asyncio.TimerHandle | None = None
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
+    def limit(self) -> int | None:
+        """How many may be in flight now (None: no limit)."""
+        return None if self.allowance is None else self.allowance.limit(self.clock())
+
     def _has_room(self) -> bool:
-        return self.allowance is None or self.inflight < self.allowance.value
+        limit = self.limit()
+        return limit is None or self.inflight < limit
 
     async def acquire(self) -> Outcome:
         """Take a place: at once if there is room and nobody waits, else wait in line.
@@ -129,6 +176,7 @@ class ClassGate:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         self._queue.append(fut)
+        self._arm_ramp()
         timer = loop.call_later(wait_s, self._give_up, fut)
         try:
             granted = await fut
@@ -154,6 +202,29 @@ class ClassGate:
                 continue
             self.inflight += 1
             fut.set_result(True)
+        self._arm_ramp()
+
+    def _arm_ramp(self) -> None:
+        """While some wait and the limit still climbs, wake them when it next rises."""
+        if self._ramp_timer is not None:
+            self._ramp_timer.cancel()
+            self._ramp_timer = None
+        if not self._queue or self.allowance is None:
+            return
+        at = self.allowance.next_rise(self.clock())
+        if at is None:
+            return
+        delay = max(0.0, at - self.clock()) + 0.001
+        self._ramp_timer = asyncio.get_running_loop().call_later(delay, self._on_ramp)
+
+    def _on_ramp(self) -> None:
+        self._ramp_timer = None
+        self.wake()
+
+    def close(self) -> None:
+        if self._ramp_timer is not None:
+            self._ramp_timer.cancel()
+            self._ramp_timer = None
 
     def _give_up(self, fut: asyncio.Future[bool]) -> None:
         if not fut.done():

@@ -44,12 +44,15 @@ class Gateway:
         self.clock = clock
         self.wall = wall
         self.gates = {
-            CHAT: ClassGate(CHAT, None, None, 0),
+            CHAT: ClassGate(CHAT, None, None, 0, clock),
             BATCH: ClassGate(
                 BATCH,
-                Allowance(config.batch_default_allowance, config.batch_ceiling),
+                Allowance(
+                    config.batch_default_allowance, config.batch_ceiling, config.batch_ramp_per_s
+                ),
                 config.max_queue_wait_s,
                 config.max_queued,
+                clock,
             ),
         }
         self.observer = Observer(CLASSES, config.ttft_ring_size)
@@ -69,6 +72,8 @@ class Gateway:
     async def close(self) -> None:
         for timer in self._lease_timers.values():
             timer.cancel()
+        for gate in self.gates.values():
+            gate.close()
         await self.primary.aclose()
         if self.secondary is not None:
             await self.secondary.aclose()
@@ -88,7 +93,9 @@ class Gateway:
     def set_allowance(self, cls: str, value: int, lease_s: float | None, reason: str) -> None:
         gate = self.gates[cls]
         assert gate.allowance is not None
-        change = gate.allowance.set(value, lease_s, reason, self.clock(), self.wall())
+        change = gate.allowance.set(
+            value, lease_s, reason, self.clock(), self.wall(), gate.inflight
+        )
         self._record(cls, change)
         self.control_changes[cls] += 1
         lease = "no lease" if lease_s is None else f"lease {lease_s:g} s"
@@ -121,7 +128,7 @@ class Gateway:
         for cls, gate in self.gates.items():
             if gate.allowance is None:
                 continue
-            change = gate.allowance.expire(self.clock(), self.wall())
+            change = gate.allowance.expire(self.clock(), self.wall(), gate.inflight)
             if change is None:
                 continue
             expired = True
@@ -164,6 +171,9 @@ class Gateway:
         a = gate.allowance
         return {
             "allowance": None if a is None else a.value,
+            # What the ramp lets in now, on its way up to the allowance after a raise.
+            "admitting": gate.limit(),
+            "ramp_per_s": None if a is None else a.ramp_per_s,
             "default_allowance": None if a is None else a.default,
             "ceiling": None if a is None else a.ceiling,
             "inflight": gate.inflight,

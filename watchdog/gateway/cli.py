@@ -15,7 +15,13 @@ from typing import Any
 import click
 
 from watchdog.durations import parse_duration
-from watchdog.gateway.config import CLASSES, TOKEN_ENV, GatewayConfig, read_token
+from watchdog.gateway.config import (
+    CLASSES,
+    DEFAULT_BATCH_RAMP_PER_S,
+    TOKEN_ENV,
+    GatewayConfig,
+    read_token,
+)
 from watchdog.gateway.server import ListenError, serve
 from watchdog.logs import setup_logging
 
@@ -107,6 +113,13 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     "--max-queue-wait", default="30s", show_default=True, callback=_duration, help="e.g. 30s, 2m."
 )
 @click.option("--max-queued", type=int, default=1024, show_default=True)
+@click.option(
+    "--batch-ramp",
+    type=float,
+    default=DEFAULT_BATCH_RAMP_PER_S,
+    show_default=True,
+    help="Batch requests let in per second after a raise (0: all at once).",
+)
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
 @click.option("--token-file", default=None, help=f"Control token file (else ${TOKEN_ENV}).")
@@ -123,6 +136,7 @@ def gateway(
     batch_ceiling: int,
     max_queue_wait: float,
     max_queued: int,
+    batch_ramp: float,
     priorities: tuple[str, ...],
     priority_higher_first: bool,
     token_file: str | None,
@@ -151,6 +165,7 @@ def gateway(
             batch_ceiling=batch_ceiling,
             max_queue_wait_s=max_queue_wait,
             max_queued=max_queued,
+            batch_ramp_per_s=batch_ramp,
             priorities=_priorities(priorities),
             priority_higher_first=priority_higher_first,
             control_token=token,

@@ -21,6 +21,8 @@ BATCH = "batch"
 CLASSES = (CHAT, BATCH)
 
 TOKEN_ENV = "LLM_WATCHDOG_GATEWAY_TOKEN"
+# One batch request let in every 2 s after a raise; the heat lab's gateway uses it too.
+DEFAULT_BATCH_RAMP_PER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class GatewayConfig:
     batch_default_allowance: int = 8
     batch_ceiling: int = 64
     max_queue_wait_s: float = 30.0
+    # After a raise, batch in flight climbs to the new allowance at this many requests a
+    # second, from what runs: many long prefills started at once stall chat (0: at once).
+    batch_ramp_per_s: float = DEFAULT_BATCH_RAMP_PER_S
     # Batch requests waiting at once; one more is rejected at once (memory stays bounded).
     max_queued: int = 1024
     # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
@@ -80,6 +85,11 @@ class GatewayConfig:
             )
         if not _is_seconds(self.max_queue_wait_s):
             raise ValueError(f"max_queue_wait_s must be >= 0 seconds, got {self.max_queue_wait_s}")
+        if not _is_seconds(self.batch_ramp_per_s):
+            raise ValueError(
+                f"batch_ramp_per_s must be >= 0 requests a second (0: no ramp), "
+                f"got {self.batch_ramp_per_s}"
+            )
         if not _is_int(self.max_queued) or self.max_queued < 0:
             raise ValueError(f"max_queued must be an integer >= 0, got {self.max_queued!r}")
         for cls, value in self.priorities.items():
