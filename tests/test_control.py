@@ -354,6 +354,42 @@ def test_what_a_met_surge_shed_comes_back_at_the_fast_pace() -> None:
     assert all(b - a <= 1 for a, b in zip(missed, missed[1:], strict=False))
 
 
+def test_where_the_gateway_ramps_a_comfortably_met_surge_comes_back_in_one_write() -> None:
+    def regrowth(surge_ms: float, serving_ramps: bool, inflight_after: int = 5) -> tuple[int, int]:
+        """(the lowest level the surge shed to, the first raise after that)"""
+        c = ours(
+            default_allowance=12,
+            app_limited_headroom=0,
+            surge_confirm=1,
+            serving_ramps=serving_ramps,
+        )
+        levels = []
+        now = 0.0
+        for _ in range(24):  # two minutes of chat at 1/s, 5 in flight
+            c.step(ControlInput(now, (600.0,) * 5, chat_inflight=5))
+            now += 5.0
+        while now < 135.0 or c.surge.surging:  # 4/s for 15 s, then 1/s until it is over
+            n, held = (20, 20) if now < 135.0 else (5, inflight_after)
+            levels.append(c.step(ControlInput(now, (surge_ms,) * n, chat_inflight=held)))
+            now += 5.0
+        for k in range(12):  # a minute of chat at 0.6 T
+            a = c.step(ControlInput(now + 5.0 * k, (600.0,) * 5, chat_inflight=inflight_after))
+            levels.append(a)
+        low = min(a.allowance_after for a in levels)
+        shed_at = next(i for i, a in enumerate(levels) if a.allowance_after == low)
+        first_raise = next(a for a in levels[shed_at:] if a.allowance_after > low)
+        return low, first_raise.allowance_after
+
+    low, back_to = regrowth(600.0, serving_ramps=True)
+    assert low < 10 and back_to >= 19  # shed from 20, and back in one write
+    # met, but near the target (0.8 T): back step by step, each step judged on its own
+    assert regrowth(800.0, serving_ramps=True)[1] < 15
+    # a gateway that lets a raise in at once: step by step, or the prefills stampede
+    assert regrowth(600.0, serving_ramps=False)[1] < 15
+    # chat still holds 4x its usual slots (a burst outlasting its detector): step by step
+    assert regrowth(600.0, serving_ramps=True, inflight_after=20)[1] < 15
+
+
 def test_surge_cap_is_learned_from_the_level_before_the_cuts() -> None:
     c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, surge_confirm=2)
     now = 0.0

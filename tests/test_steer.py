@@ -209,3 +209,29 @@ def test_a_detected_slot_count_is_used_only_where_the_config_gives_none(tmp_path
         finally:
             unset.close()
             given.close()
+
+
+def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
+    def after_one_step(ramp_per_s: float) -> tuple[bool, float | None]:
+        with (
+            StreamServer(answer="ok") as upstream,
+            GatewayServer(
+                GatewayConfig(
+                    upstream_url=upstream.url,
+                    listen_port=0,
+                    control_token=TOKEN,
+                    batch_ramp_per_s=ramp_per_s,
+                )
+            ) as gw,
+            Store(tmp_path / f"wd{ramp_per_s}.db") as store,
+        ):
+            steer = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
+            try:
+                steer.step()
+                ramp = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]["ramp_per_s"]
+                return steer.law.config.serving_ramps, ramp
+            finally:
+                steer.close()
+
+    assert after_one_step(0.5) == (True, 0.5)  # the gateway's GET /control says it ramps
+    assert after_one_step(0.0) == (False, 0.0)

@@ -64,6 +64,9 @@ class ReadBack:
     max_queue_wait_s: float | None = None
     lease_expires_at: float | None = None
     detail: str = ""
+    # Batch requests a second the serving layer lets in after a raise (the gateway's ramp);
+    # None: not reported, a raise is taken to act at once.
+    ramp_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,7 @@ class GatewayActuator:
                 queued=c.get("queued"),
                 max_queue_wait_s=c.get("max_queue_wait_s"),
                 lease_expires_at=c.get("lease_expires_at"),
+                ramp_per_s=c.get("ramp_per_s"),
             )
         except (KeyError, TypeError):
             raise ActuatorError(

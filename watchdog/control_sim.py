@@ -80,6 +80,7 @@ ADDITIONS = (
     "ewma_alpha",
     "slot_reserve",
     "slot_margin",
+    "serving_ramps",
 )
 
 
@@ -91,6 +92,7 @@ def sim_config(ctx: ControllerContext, overrides: dict[str, Any] | None = None) 
         "ceiling": ceiling,
         "default_allowance": min(4, ceiling),
         "engine_slots": ctx.engine_max_running,
+        "serving_ramps": True,  # the lab's gateway ramps a raise, as the real one does
     }
     values.update(overrides or {})
     return ControlConfig(**values)

@@ -113,6 +113,19 @@ class Steer:
         log.info("engine runs %d sequences at once: batch kept off the slots chat needs", slots)
         self.law.config = replace(self.law.config, engine_slots=slots)
 
+    def _serving_ramps(self, ramp_per_s: float | None) -> None:
+        """Whether the serving layer ramps a raise, as it reports; the law regrows on it."""
+        ramps = bool(ramp_per_s and ramp_per_s > 0)
+        if ramp_per_s is None or self.law.config.serving_ramps == ramps:
+            return
+        if ramps:
+            log.info(
+                "the serving layer lets batch in at %g a second after a raise: "
+                "what a passing chat surge shed comes back in one write",
+                ramp_per_s,
+            )
+        self.law.config = replace(self.law.config, serving_ramps=ramps)
+
     # ---- one step ---------------------------------------------------------------------
 
     def _chat_seen(self) -> tuple[list[float], int, int | None, int | None]:
@@ -160,6 +173,7 @@ class Steer:
             rb = self.actuator.read_back()
             in_force, inflight = rb.allowance, rb.inflight
             self.inflight = inflight
+            self._serving_ramps(rb.ramp_per_s)
         except ActuatorError as exc:
             log.warning("cannot read the batch allowance: %s", exc)
             in_force, inflight = self.allowance, None

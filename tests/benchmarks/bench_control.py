@@ -4,8 +4,12 @@ On each shipped scenario: no control, a conservative static allowance (the daemo
 4), the best static allowance found by sweep (the highest batch throughput whose chat p95 is
 within target in ≥ 99 % of 1-minute windows), AIMD, Gradient2 (Netflix concurrency-limits),
 DESIGN.md's law as written, and ours (watchdog/control.py). Each runs the scenario's full
-length with the same seed; SLO windows start after the first 2 minutes. With several
-`--seeds`, a summary per controller over every scenario and seed closes the report.
+length with the same seed, which gives every controller the same chat, to the request (the
+lab draws chat and batch from separate streams); SLO windows start after the first 2
+minutes. The lab's gateway admits batch as the real one does, a raise ramped at its default
+0.5 requests a second, for every controller alike (a static allowance is never raised).
+With several `--seeds`, a summary per controller over every scenario and seed closes the
+report.
 
 Columns:
     att        share of 1-minute windows with chat p95 ≤ target (bad: how many were not)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
 from watchdog.models import GpuSample
 from watchdog.sim.controllers import (
     Controller,
@@ -139,7 +140,7 @@ class _ChatArrivals:
             rate, edge = self._rate_and_edge(t)
             edge = min(edge, self.world.next_schedule_s(t), horizon)
             if rate > 0:
-                nxt = t + self.world.rng.expovariate(rate)
+                nxt = t + self.world.rng_chat_arrivals.expovariate(rate)
                 if nxt < edge:
                     return nxt
             t = max(edge, t + 1e-9)
@@ -160,12 +161,14 @@ def run_virtual(
     thermal: bool = True,
     batch_streams: int | None = None,
     warmup_s: float = 0.0,
+    ramp_per_s: float | None = None,
 ) -> RunResult:
     """Run `scenario` for `duration_s` simulated seconds under `controller`.
 
     thermal=False holds the card at its starting temperature (the "cool" case of a sweep).
     batch_streams overrides the batch job's demand. TTFT figures and SLO windows leave out
-    chat that arrived in the first `warmup_s` seconds.
+    chat that arrived in the first `warmup_s` seconds. ramp_per_s is the gateway's batch ramp
+    after a raise (None: the gateway's default; 0: a raise lets batch in at once).
     """
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else scenario.duration_s)
@@ -175,6 +178,7 @@ def run_virtual(
             scenario, batch=dataclasses.replace(scenario.batch, streams=batch_streams)
         )
     world = World(scenario, seed=seed, thermal=thermal)
+    world.ramp_per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
     ctx = ControllerContext(slo, scenario.batch.streams, scenario.engine.max_running_seqs)
     ctl = make_controller(controller, ctx) if isinstance(controller, str) else controller
     ctl_name = controller if isinstance(controller, str) else type(controller).__name__

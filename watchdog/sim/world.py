@@ -34,13 +34,24 @@ class World:
         self.gpu = SimGpu(scenario.gpu)
         self.engine = Engine(scenario.engine)
         self.thermal = thermal  # False: the card is held at its starting temperature ("cool")
-        self.rng = random.Random(seed)
+        # One stream per source of chance, so what one draws never shifts another: every
+        # controller run with the same seed meets the same chat, to the request (common
+        # random numbers). With one shared stream, a controller that let in one more batch
+        # request drew its length from the stream, and every chat arrival after it moved.
+        self.rng_chat_arrivals = random.Random(f"{seed}:chat-arrivals")
+        self._rngs = {cls: random.Random(f"{seed}:{cls}") for cls in ("chat", "batch")}
+        self._rng_batch_pace = random.Random(f"{seed}:batch-pace")
         self.t_s = 0.0  # the GPU is integrated up to here
         self._pending = [0.0, 0.0, 0.0]  # seconds, busy seconds, load·seconds not yet applied
         self._load = 0.0
         self._next_event = 0  # index into scenario.schedule
         self.batch_streams = scenario.batch.streams
         self.allowance: int | None = None
+        # The gateway's ramp: after a raise, one more batch request at once, then the limit
+        # climbs to the new allowance at this many a second (0: all at once).
+        self.ramp_per_s = 0.0
+        self._ramp_from = 0.0
+        self._ramp_t0 = 0.0
         self.chat_arrivals_per_s = scenario.chat.arrivals_per_s
         self._batch_due: list[float] = []  # times at which a waiting stream may send again
         self._batch_inflight: set[int] = set()
@@ -104,6 +115,10 @@ class World:
             t = sched[self._next_event].at_s
         if self._batch_due and self._batch_room() > 0:
             t = min(t, max(min(self._batch_due), self._batch_next_ok_s))
+        elif self._batch_due and self.allowance is not None and self.ramp_per_s > 0:
+            limit = self.batch_limit(self.t_s)
+            if limit is not None and limit < self.allowance:
+                t = min(t, self._ramp_t0 + (limit + 1 - self._ramp_from) / self.ramp_per_s)
         return t
 
     # -- engine --------------------------------------------------------------------------------
@@ -120,16 +135,16 @@ class World:
         return Request(
             id=self._ids,
             cls=cls,
-            prompt_tokens=prompt_tokens or self._draw(traffic, "prompt"),
-            output_tokens=output_tokens or self._draw(traffic, "output"),
+            prompt_tokens=prompt_tokens or self._draw(cls, traffic, "prompt"),
+            output_tokens=output_tokens or self._draw(cls, traffic, "output"),
             arrival_s=now_s,
             priority=traffic.priority,
         )
 
-    def _draw(self, traffic: ClassTraffic, what: str) -> int:
+    def _draw(self, cls: str, traffic: ClassTraffic, what: str) -> int:
         lo = getattr(traffic, f"{what}_tokens_min")
         hi = getattr(traffic, f"{what}_tokens_max")
-        return self.rng.randint(lo, hi)
+        return self._rngs.get(cls, self._rngs["chat"]).randint(lo, hi)
 
     def submit(self, req: Request, now_s: float) -> None:
         self.advance(now_s)
@@ -169,11 +184,19 @@ class World:
     def batch_inflight(self) -> int:
         return len(self._batch_inflight)
 
+    def batch_limit(self, now_s: float) -> int | None:
+        """What the gateway admits up to at `now_s`: the allowance, or its ramp toward it."""
+        if self.allowance is None or self.ramp_per_s <= 0:
+            return self.allowance
+        ramp = self._ramp_from + self.ramp_per_s * (now_s - self._ramp_t0)
+        return min(self.allowance, int(ramp + 1e-9))
+
     @property
     def batch_target(self) -> int:
-        if self.allowance is None:
+        limit = self.batch_limit(self.t_s)
+        if limit is None:
             return self.batch_streams
-        return min(self.batch_streams, self.allowance)
+        return min(self.batch_streams, limit)
 
     def _batch_room(self) -> int:
         return self.batch_target - len(self._batch_inflight)
@@ -185,7 +208,14 @@ class World:
 
     def set_allowance(self, n: int | None, now_s: float) -> None:
         """The gateway's cap on batch requests in flight (None: no cap)."""
+        self.advance(now_s)
+        before = self.batch_limit(now_s)
         self.allowance = None if n is None else max(0, int(n))
+        if before is not None and self.allowance is not None and self.allowance > before:
+            self._ramp_from = float(max(before, len(self._batch_inflight)) + 1)
+        else:
+            self._ramp_from = float(self.allowance or 0)
+        self._ramp_t0 = now_s
         self.poll(now_s)
 
     def _fill_batch(self, now_s: float) -> None:
@@ -207,7 +237,7 @@ class World:
             if rate > 0:
                 if now_s < self._batch_next_ok_s:
                     break
-                self._batch_next_ok_s = now_s + self.rng.expovariate(rate)
+                self._batch_next_ok_s = now_s + self._rng_batch_pace.expovariate(rate)
             self._batch_due.pop(0)
             req = self.new_request("batch", now_s)
             self._batch_inflight.add(req.id)
