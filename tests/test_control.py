@@ -309,6 +309,14 @@ def test_surge_cap_rises_only_for_a_surge_as_big_met_with_room() -> None:
     assert c.surge_cap == 7
 
 
+def test_on_a_large_engine_the_surge_cap_rises_by_a_growth_step() -> None:
+    c = ours(default_allowance=80, ceiling=128, app_limited_headroom=0, surge_confirm=1)
+    now = surge(c, 0.0, 80, 20, 1500.0)  # missed from 80
+    assert c.surge_cap == 40
+    surge(c, now, 40, 20, 300.0)  # as big, met with room to spare: ⌈0.05 × 40⌉ more
+    assert c.surge_cap == 42
+
+
 def test_a_cut_acts_on_what_runs_not_on_room_nobody_uses() -> None:
     assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # DESIGN.md's
     c = ours(default_allowance=16)
