@@ -6,6 +6,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -44,20 +45,15 @@ class Clock:
 
 
 @contextlib.contextmanager
-def rig(tmp_path: Path) -> Iterator[tuple[GatewayServer, Store]]:
-    """A gateway (allowance 8 of 16) in front of a stream server, and a store."""
+def rig(tmp_path: Path, **gateway: Any) -> Iterator[tuple[GatewayServer, Store]]:
+    """A gateway (allowance 8 of 16, unless `gateway` says) before a stream server; a store."""
+    settings: dict[str, Any] = {"batch_default_allowance": 8, "batch_ceiling": 16, **gateway}
     with (
         StreamServer(answer="ok") as upstream,
         GatewayServer(
-            GatewayConfig(
-                upstream_url=upstream.url,
-                listen_port=0,
-                batch_default_allowance=8,
-                batch_ceiling=16,
-                control_token=TOKEN,
-            )
+            GatewayConfig(upstream_url=upstream.url, listen_port=0, control_token=TOKEN, **settings)
         ) as gw,
-        Store(tmp_path / "wd.db") as store,
+        Store(tmp_path / f"wd{len(list(tmp_path.glob('wd*.db')))}.db") as store,
     ):
         yield gw, store
 
@@ -213,18 +209,7 @@ def test_a_detected_slot_count_is_used_only_where_the_config_gives_none(tmp_path
 
 def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
     def after_one_step(ramp_per_s: float) -> tuple[bool, float | None]:
-        with (
-            StreamServer(answer="ok") as upstream,
-            GatewayServer(
-                GatewayConfig(
-                    upstream_url=upstream.url,
-                    listen_port=0,
-                    control_token=TOKEN,
-                    batch_ramp_per_s=ramp_per_s,
-                )
-            ) as gw,
-            Store(tmp_path / f"wd{ramp_per_s}.db") as store,
-        ):
+        with rig(tmp_path, batch_ramp_per_s=ramp_per_s) as (gw, store):
             steer = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
             try:
                 steer.step()
