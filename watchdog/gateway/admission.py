@@ -50,6 +50,38 @@ class Change:
         }
 
 
+@dataclass
+class Ramp:
+    """How a raise is let in: one more at once, then `per_s` more a second up to the target.
+
+    Pure, `now` passed in: the gateway's `Allowance` and the heat lab's `World` both use it,
+    so the lab admits batch as the gateway does.
+    """
+
+    per_s: float = 0.0  # 0: a raise takes effect at once
+    start: float = 0.0  # the limit at t0, where the climb began
+    t0: float = 0.0
+
+    def limit(self, target: int, now: float) -> int:
+        """How many may be in flight at `now` on the way to `target`."""
+        if self.per_s <= 0:
+            return target
+        return min(target, int(self.start + self.per_s * (now - self.t0) + 1e-9))
+
+    def next_rise(self, target: int, now: float) -> float | None:
+        """When the limit next goes up by one; None when it is at `target` (or no ramp)."""
+        limit = self.limit(target, now)
+        if limit >= target:
+            return None
+        return self.t0 + (limit + 1 - self.start) / self.per_s
+
+    def retarget(self, before: int, target: int, now: float, inflight: int) -> None:
+        """A new target at `now`, `before` being the limit until then. A raise lets one more
+        in at once and climbs from there (or from what runs); a cut is at once."""
+        self.start = float(max(before, inflight) + 1) if target > before else float(target)
+        self.t0 = now
+
+
 class Allowance:
     """A concurrency allowance in [0, ceiling] that falls back to its default when a lease ends.
 
@@ -64,29 +96,22 @@ class Allowance:
         self.lease_expires_at: float | None = None  # unix seconds, for readers
         self.reason: str | None = None
         self.set_at: float | None = None
-        self.ramp_per_s = ramp_per_s  # 0: a raise takes effect at once
-        self._ramp_from = float(default)
-        self._ramp_t0 = 0.0
+        self.ramp = Ramp(ramp_per_s, float(default))
+
+    @property
+    def ramp_per_s(self) -> float:
+        return self.ramp.per_s
 
     def limit(self, now: float) -> int:
         """How many may be in flight at `now`: the allowance, or its ramp toward it."""
-        if self.ramp_per_s <= 0:
-            return self.value
-        climbed = self._ramp_from + self.ramp_per_s * (now - self._ramp_t0)
-        return min(self.value, int(climbed + 1e-9))
+        return self.ramp.limit(self.value, now)
 
     def next_rise(self, now: float) -> float | None:
         """When the ramp next lets one more in (monotonic seconds); None when not ramping."""
-        limit = self.limit(now)
-        if limit >= self.value:
-            return None
-        return self._ramp_t0 + (limit + 1 - self._ramp_from) / self.ramp_per_s
+        return self.ramp.next_rise(self.value, now)
 
     def _retarget(self, value: int, now: float, inflight: int) -> None:
-        # A raise lets one more in at once, then climbs from there; a cut is at once.
-        before = self.limit(now)
-        self._ramp_from = float(max(before, inflight) + 1) if value > before else float(value)
-        self._ramp_t0 = now
+        self.ramp.retarget(self.limit(now), value, now, inflight)
 
     def set(
         self,

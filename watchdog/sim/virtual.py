@@ -178,7 +178,7 @@ def run_virtual(
             scenario, batch=dataclasses.replace(scenario.batch, streams=batch_streams)
         )
     world = World(scenario, seed=seed, thermal=thermal)
-    world.ramp_per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
+    world.ramp.per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
     ctx = ControllerContext(slo, scenario.batch.streams, scenario.engine.max_running_seqs)
     ctl = make_controller(controller, ctx) if isinstance(controller, str) else controller
     ctl_name = controller if isinstance(controller, str) else type(controller).__name__

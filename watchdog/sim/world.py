@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 
+from watchdog.gateway.admission import Ramp
 from watchdog.sim.engine import Engine, Request, StepPlan, StepResult
 from watchdog.sim.gpu import GpuSnapshot, SimGpu
 from watchdog.sim.scenario import ClassTraffic, Scenario
@@ -48,10 +49,8 @@ class World:
         self.batch_streams = scenario.batch.streams
         self.allowance: int | None = None
         # The gateway's ramp: after a raise, one more batch request at once, then the limit
-        # climbs to the new allowance at this many a second (0: all at once).
-        self.ramp_per_s = 0.0
-        self._ramp_from = 0.0
-        self._ramp_t0 = 0.0
+        # climbs to the new allowance at `ramp.per_s` a second (0: all at once).
+        self.ramp = Ramp()
         self.chat_arrivals_per_s = scenario.chat.arrivals_per_s
         self._batch_due: list[float] = []  # times at which a waiting stream may send again
         self._batch_inflight: set[int] = set()
@@ -115,10 +114,10 @@ class World:
             t = sched[self._next_event].at_s
         if self._batch_due and self._batch_room() > 0:
             t = min(t, max(min(self._batch_due), self._batch_next_ok_s))
-        elif self._batch_due and self.allowance is not None and self.ramp_per_s > 0:
-            limit = self.batch_limit(self.t_s)
-            if limit is not None and limit < self.allowance:
-                t = min(t, self._ramp_t0 + (limit + 1 - self._ramp_from) / self.ramp_per_s)
+        elif self._batch_due and self.allowance is not None:
+            rise = self.ramp.next_rise(self.allowance, self.t_s)
+            if rise is not None:
+                t = min(t, rise)
         return t
 
     # -- engine --------------------------------------------------------------------------------
@@ -186,10 +185,7 @@ class World:
 
     def batch_limit(self, now_s: float) -> int | None:
         """What the gateway admits up to at `now_s`: the allowance, or its ramp toward it."""
-        if self.allowance is None or self.ramp_per_s <= 0:
-            return self.allowance
-        ramp = self._ramp_from + self.ramp_per_s * (now_s - self._ramp_t0)
-        return min(self.allowance, int(ramp + 1e-9))
+        return None if self.allowance is None else self.ramp.limit(self.allowance, now_s)
 
     @property
     def batch_target(self) -> int:
@@ -211,11 +207,11 @@ class World:
         self.advance(now_s)
         before = self.batch_limit(now_s)
         self.allowance = None if n is None else max(0, int(n))
-        if before is not None and self.allowance is not None and self.allowance > before:
-            self._ramp_from = float(max(before, len(self._batch_inflight)) + 1)
-        else:
-            self._ramp_from = float(self.allowance or 0)
-        self._ramp_t0 = now_s
+        if self.allowance is not None:
+            # The first allowance (no cap before it) is in force at once, as the gateway's
+            # default is; only a raise of a cap is ramped.
+            was = self.allowance if before is None else before
+            self.ramp.retarget(was, self.allowance, now_s, len(self._batch_inflight))
         self.poll(now_s)
 
     def _fill_batch(self, now_s: float) -> None:
