@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.streamserver import StreamServer, closed_port_url
-from watchdog.actuators import (
+from llm_watchdog.actuators import (
     ENV_ALLOWANCE,
     ENV_LEASE_S,
     ENV_REASON,
@@ -35,7 +35,7 @@ from watchdog.actuators import (
     fill,
     not_effective_event,
 )
-from watchdog.gateway import GatewayConfig, GatewayServer
+from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
 TOKEN = "s3cret-control-token"
 

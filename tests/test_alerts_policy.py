@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.alerts.events import AlertEvent
-from watchdog.alerts.policy import AlertPolicy, AlertRules, resolved_message
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.policy import AlertPolicy, AlertRules, resolved_message
 
 T0 = 1_700_000_000.0
 

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from watchdog.alerts.config import (
+from llm_watchdog.alerts.config import (
     AlertConfig,
     AlertConfigError,
     alert_config_from_dict,
     load_alerts,
     sinks_from_config,
 )
-from watchdog.alerts.events import AlertEvent
-from watchdog.alerts.manager import send_test
-from watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink
-from watchdog.alerts.webhook import WebhookSink
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.manager import send_test
+from llm_watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink
+from llm_watchdog.alerts.webhook import WebhookSink
 
 T0 = 1_700_000_000.0
 

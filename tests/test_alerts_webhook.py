@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from watchdog.alerts.config import AlertConfig
-from watchdog.alerts.events import AlertEvent
-from watchdog.alerts.manager import AlertManager, MemoryAlertLog, send_test
-from watchdog.alerts.sinks import DeliveryError
-from watchdog.alerts.webhook import WebhookSink, redact_url
+from llm_watchdog.alerts.config import AlertConfig
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, send_test
+from llm_watchdog.alerts.sinks import DeliveryError
+from llm_watchdog.alerts.webhook import WebhookSink, redact_url
 
 T0 = 1_700_000_000.0
 TOKEN = "T0KEN-s3cret-abcdef"
@@ -279,7 +279,7 @@ def test_a_receiver_that_always_fails_is_recorded_not_raised(
     receiver.script = [500] * 10
     log, sleeps = MemoryAlertLog(), []
     sink = WebhookSink(receiver.url, "generic")
-    with caplog.at_level(logging.DEBUG, logger="watchdog.alerts"):
+    with caplog.at_level(logging.DEBUG, logger="llm_watchdog.alerts"):
         with manager_for(sink, log, sleeps, max_attempts=4, backoff_s=1, backoff_max_s=3) as m:
             m.submit(alert())  # no exception here ...
             assert m.flush(10)  # ... nor in the worker

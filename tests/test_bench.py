@@ -5,8 +5,8 @@ import json
 from click.testing import CliRunner
 
 from tests.streamserver import StreamServer
-from watchdog.cli import _register_commands, cli
-from watchdog.loadgen import BatchLoad, document, extraction_messages
+from llm_watchdog.cli import _register_commands, cli
+from llm_watchdog.loadgen import BatchLoad, document, extraction_messages
 
 _register_commands()
 

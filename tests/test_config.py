@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import (
+from llm_watchdog.config import (
     EX_CONFIG,
     ConfigError,
     Settings,
     load_settings,
     settings_from_dict,
 )
-from watchdog.resources import package_file
-from watchdog.timeargs import parse_when
+from llm_watchdog.resources import package_file
+from llm_watchdog.timeargs import parse_when
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -15,9 +15,9 @@ import pytest
 
 from tests.fakenvml import scenario_basic
 from tests.streamserver import StreamServer, closed_port_url
-from watchdog.config import settings_from_dict
-from watchdog.daemon import Daemon
-from watchdog.store import Store
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon import Daemon
+from llm_watchdog.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         env.pop("LLM_WATCHDOG_CONFIG", None)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "--config", str(config), "run"],
+            [sys.executable, "-m", "llm_watchdog", "--config", str(config), "run"],
             stderr=subprocess.PIPE,
             text=True,
             env=env,

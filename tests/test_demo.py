@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from watchdog.demo import DemoOptions, run_demo, summary
-from watchdog.store import Store
-from watchdog.throttle import THERMAL_MASK
+from llm_watchdog.demo import DemoOptions, run_demo, summary
+from llm_watchdog.store import Store
+from llm_watchdog.throttle import THERMAL_MASK
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.drift import classify_cold
+from llm_watchdog.drift import classify_cold
 
 T = 1_700_000_000.0
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from watchdog.drift import (
+from llm_watchdog.drift import (
     Baseline,
     DriftConfig,
     DriftEvent,
@@ -386,8 +386,8 @@ def test_reset_closes_what_was_judged_against_the_old_baseline() -> None:
 
 
 def test_observation_from_a_probe_result_and_a_gpu_sample() -> None:
-    from watchdog.drift import observation_from
-    from watchdog.models import GpuSample, ProbeResult
+    from llm_watchdog.drift import observation_from
+    from llm_watchdog.models import GpuSample, ProbeResult
 
     probe = ProbeResult(
         ts=T0,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.drift import DriftConfig, DriftMonitor
-from watchdog.drift.replay import (
+from llm_watchdog.drift import DriftConfig, DriftMonitor
+from llm_watchdog.drift.replay import (
     ReplayError,
     events_to_jsonl,
     parse_trace,

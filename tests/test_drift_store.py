@@ -7,8 +7,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from watchdog.drift import Baseline, DriftEvent
-from watchdog.migrations import migrate
+from llm_watchdog.drift import Baseline, DriftEvent
+from llm_watchdog.migrations import migrate
 
 
 def test_baseline_and_event_round_trip(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""watchdog.durations: both spellings of a duration, and a latency, pinned value by value.
+"""llm_watchdog.durations: both spellings of a duration, and a latency, pinned value by value.
 
 Alert and drift lines are built from these; a change here changes what people read.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.durations import (
+from llm_watchdog.durations import (
     format_duration,
     human_duration,
     human_ms,

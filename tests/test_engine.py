@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.streamserver import StreamServer, closed_port_url, unanswering_port
-from watchdog.engine import (
+from llm_watchdog.engine import (
     EngineInfo,
     ModelResolveError,
     api_root,

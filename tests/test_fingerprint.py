@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from watchdog.fingerprint import build_fingerprint, config_hash, describe_change
-from watchdog.models import Fingerprint
+from llm_watchdog.fingerprint import build_fingerprint, config_hash, describe_change
+from llm_watchdog.models import Fingerprint
 
 BASE: dict[str, Any] = dict(
     engine="llamacpp",

@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from watchdog.gateway import GatewayConfig, GatewayServer
+from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
 TOKEN = "s3cret-control-token"
 WORDS = ["The", " sky", " is", " blue", "."]
@@ -858,7 +858,7 @@ def test_lease_running_out_restores_the_default_and_logs_it(
     http: httpx.Client,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="watchdog.gateway")
+    caplog.set_level(logging.INFO, logger="llm_watchdog.gateway")
     gw = make_gateway(batch_default_allowance=5)
     assert put_batch(http, gw, {"allowance": 1, "lease_s": 0.3, "reason": "hot"}).status_code == 200
     assert batch_state(http, gw)["allowance"] == 1

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from watchdog.gateway.cli import gateway, parse_listen, read_key_classes
+from llm_watchdog.gateway.cli import gateway, parse_listen, read_key_classes
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
         [
             sys.executable,
             "-c",
-            "from watchdog.gateway.cli import gateway; gateway()",
+            "from llm_watchdog.gateway.cli import gateway; gateway()",
             "--listen",
             "127.0.0.1:0",
             "--upstream",

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from watchdog.gateway import Gateway, GatewayConfig, read_token
-from watchdog.gateway.admission import Allowance, ClassGate
-from watchdog.gateway.control import parse_put
-from watchdog.gateway.observe import Histogram, quantile
-from watchdog.gateway.proxy import (
+from llm_watchdog.gateway import Gateway, GatewayConfig, read_token
+from llm_watchdog.gateway.admission import Allowance, ClassGate
+from llm_watchdog.gateway.control import parse_put
+from llm_watchdog.gateway.observe import Histogram, quantile
+from llm_watchdog.gateway.proxy import (
     ClassError,
     classify,
     forward_headers,
@@ -73,7 +73,7 @@ def test_allowance_outside_the_range_is_refused(value: int) -> None:
 def test_gateway_lease_expiry_with_an_injected_clock_logs_and_records(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="watchdog.gateway")
+    caplog.set_level(logging.INFO, logger="llm_watchdog.gateway")
     clock, wall = FakeClock(10.0), FakeClock(1_700_000_000.0)
     gw = Gateway(GatewayConfig(batch_default_allowance=6), clock=clock, wall=wall)
 

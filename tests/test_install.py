@@ -6,8 +6,8 @@ from pathlib import Path
 import tomllib
 from click.testing import CliRunner
 
-from watchdog.cli import cli
-from watchdog.install import plan_install
+from llm_watchdog.cli import cli
+from llm_watchdog.install import plan_install
 
 
 def test_install_under_a_root_writes_unit_and_config(tmp_path):
@@ -15,7 +15,7 @@ def test_install_under_a_root_writes_unit_and_config(tmp_path):
     assert result.exit_code == 0, result.output
     unit = (tmp_path / "etc/systemd/system/llm-watchdog.service").read_text()
     assert (
-        f"ExecStart={sys.executable} -m watchdog --config /etc/llm-watchdog/config.toml run" in unit
+        f"ExecStart={sys.executable} -m llm_watchdog --config /etc/llm-watchdog/config.toml run" in unit
     )
     assert "RestartPreventExitStatus=78" in unit
     assert "StateDirectory=llm-watchdog" in unit
@@ -53,7 +53,7 @@ def test_install_with_the_gateway(tmp_path):
     result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
     assert result.exit_code == 0, result.output
     unit = (tmp_path / "etc/systemd/system/llm-watchdog-gateway.service").read_text()
-    assert f"ExecStart={sys.executable} -m watchdog gateway" in unit
+    assert f"ExecStart={sys.executable} -m llm_watchdog gateway" in unit
     assert "EnvironmentFile=-/etc/llm-watchdog/gateway.env" in unit
     env = (tmp_path / "etc/llm-watchdog/gateway.env").read_text()
     assert "LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token" in env

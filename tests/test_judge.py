@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from tests.fakenvml import scenario_basic
 from tests.streamserver import StreamServer
-from watchdog.alerts import AlertManager, load_alerts
-from watchdog.cli import _register_commands, cli
-from watchdog.config import settings_from_dict
-from watchdog.daemon import Daemon
-from watchdog.store import Store
+from llm_watchdog.alerts import AlertManager, load_alerts
+from llm_watchdog.cli import _register_commands, cli
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon import Daemon
+from llm_watchdog.store import Store
 
 _register_commands()
 

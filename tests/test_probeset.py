@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.probeset import (
+from llm_watchdog.probeset import (
     ProbeSetError,
     Prompt,
     available_probe_sets,
     load_probe_set,
 )
-from watchdog.resources import bundled_dir
+from llm_watchdog.resources import bundled_dir
 
 # Answers SmolLM2-135M-Instruct (Q4_1, llama.cpp, temperature 0) gave to the default set, in
 # the default cache-busting mode: the expectations must accept all of them.

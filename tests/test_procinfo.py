@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.procinfo import listening_process_cmdline
+from llm_watchdog.procinfo import listening_process_cmdline
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from tests.llamacpp import LlamaServer, Unavailable
-from watchdog.config import settings_from_dict
-from watchdog.daemon import Daemon
-from watchdog.drift import DriftMonitor, observation_from
-from watchdog.engine import detect_engine
-from watchdog.probe import ProbeOptions, Prober
-from watchdog.probeset import load_probe_set
-from watchdog.store import Store
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon import Daemon
+from llm_watchdog.drift import DriftMonitor, observation_from
+from llm_watchdog.engine import detect_engine
+from llm_watchdog.probe import ProbeOptions, Prober
+from llm_watchdog.probeset import load_probe_set
+from llm_watchdog.store import Store
 
 pytestmark = pytest.mark.real_engine
 
@@ -142,7 +142,7 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
 
     import openai
 
-    from watchdog.gateway import GatewayConfig, GatewayServer
+    from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
     with GatewayServer(GatewayConfig(upstream_url=llama.url, listen_port=0)) as gw:
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
@@ -192,10 +192,10 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
 def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
     loop_server, tmp_path
 ):
-    from watchdog.cli_judge import export_trace
-    from watchdog.drift import replay_file
-    from watchdog.gateway import GatewayConfig, GatewayServer
-    from watchdog.loadgen import BatchLoad
+    from llm_watchdog.cli_judge import export_trace
+    from llm_watchdog.drift import replay_file
+    from llm_watchdog.gateway import GatewayConfig, GatewayServer
+    from llm_watchdog.loadgen import BatchLoad
 
     token = "real-engine-token"
     (tmp_path / "token").write_text(token)

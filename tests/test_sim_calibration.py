@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
-from watchdog.sim.scenario import load_scenario
-from watchdog.sim.virtual import RunResult, run_virtual
+from llm_watchdog.sim.scenario import load_scenario
+from llm_watchdog.sim.virtual import RunResult, run_virtual
 
 MEASURED_P50_MS = {0: 159, 2: 192, 4: 211, 7: 279}
 MEASURED_P95_MS = {0: 182, 2: 5960, 4: 10100, 7: 6700}

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from watchdog.sim.cli import sim, sweep_points
-from watchdog.sim.controllers import (
+from llm_watchdog.sim.cli import sim, sweep_points
+from llm_watchdog.sim.controllers import (
     ControllerContext,
     Observation,
     StaticAllowance,
@@ -137,7 +137,7 @@ def test_sweep_points_cover_the_demand() -> None:
 
 @pytest.mark.slow
 def test_serve_prints_the_url_and_config_and_stops_on_ctrl_c() -> None:
-    code = "from watchdog.sim.cli import sim; sim()"
+    code = "from llm_watchdog.sim.cli import sim; sim()"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "serve", "--scenario", "workstation", "--batch-streams", "0"],

@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from watchdog.sim.cli import sim
-from watchdog.sim.controllers import controller_names
+from llm_watchdog.sim.cli import sim
+from llm_watchdog.sim.controllers import controller_names
 
 
 def test_lab_knows_the_project_controllers():
@@ -34,8 +34,8 @@ def test_sim_run_with_our_controller_changes_the_allowance():
 
 
 def test_the_lab_shows_chat_arrivals_and_chat_in_flight_as_a_gateway_would():
-    from watchdog.sim.scenario import load_scenario
-    from watchdog.sim.virtual import run_virtual
+    from llm_watchdog.sim.scenario import load_scenario
+    from llm_watchdog.sim.virtual import run_virtual
 
     class Watch:
         interval_s = 1.0
@@ -83,8 +83,8 @@ class _Fixed:
 def test_every_controller_meets_the_same_chat_with_the_same_seed():
     # Common random numbers: a controller that lets in more batch draws more batch lengths,
     # and that must not move a single chat arrival.
-    from watchdog.sim.scenario import load_scenario
-    from watchdog.sim.virtual import run_virtual
+    from llm_watchdog.sim.scenario import load_scenario
+    from llm_watchdog.sim.virtual import run_virtual
 
     scenario = load_scenario("chat-burst")
     few, many = _Fixed(2), _Fixed(16)
@@ -98,9 +98,9 @@ def test_every_controller_meets_the_same_chat_with_the_same_seed():
 
 
 def test_the_labs_gateway_ramps_a_raise_as_the_real_one_does():
-    from watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
-    from watchdog.sim.scenario import load_scenario
-    from watchdog.sim.virtual import run_virtual
+    from llm_watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
+    from llm_watchdog.sim.scenario import load_scenario
+    from llm_watchdog.sim.virtual import run_virtual
 
     scenario = load_scenario("workstation")  # 18 batch streams, 48 slots
 

@@ -8,11 +8,11 @@ import statistics
 import pytest
 
 from tests.test_sim_server import steady_decode_heat_scenario
-from watchdog.config import settings_from_dict
-from watchdog.daemon import Daemon
-from watchdog.sim.gpu import THROTTLE_BITS
-from watchdog.sim.server import SimLab
-from watchdog.store import Store
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon import Daemon
+from llm_watchdog.sim.gpu import THROTTLE_BITS
+from llm_watchdog.sim.server import SimLab
+from llm_watchdog.store import Store
 
 
 @pytest.mark.slow

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from watchdog.sim.engine import DONE, Engine, Request
-from watchdog.sim.scenario import EngineParams, load_scenario
-from watchdog.sim.virtual import run_virtual
-from watchdog.sim.world import World
+from llm_watchdog.sim.engine import DONE, Engine, Request
+from llm_watchdog.sim.scenario import EngineParams, load_scenario
+from llm_watchdog.sim.virtual import run_virtual
+from llm_watchdog.sim.world import World
 
 PARAMS = EngineParams(
     max_running_seqs=4,

@@ -7,10 +7,10 @@ import dataclasses
 import pynvml
 import pytest
 
-from watchdog.gpu import REQUIRED_NVML_FUNCTIONS, NvmlReader, missing_nvml_names
-from watchdog.sim.fakenvml import FakeNvml, StandaloneDevice
-from watchdog.sim.gpu import SW_THERMAL_SLOWDOWN
-from watchdog.sim.scenario import load_scenario
+from llm_watchdog.gpu import REQUIRED_NVML_FUNCTIONS, NvmlReader, missing_nvml_names
+from llm_watchdog.sim.fakenvml import FakeNvml, StandaloneDevice
+from llm_watchdog.sim.gpu import SW_THERMAL_SLOWDOWN
+from llm_watchdog.sim.scenario import load_scenario
 
 
 class Clock:
@@ -152,8 +152,8 @@ def test_two_cards_are_read_apart() -> None:
 
 
 def test_a_lab_in_another_process_is_read_through_http() -> None:
-    from watchdog.sim.remote import remote_nvml
-    from watchdog.sim.server import SimLab
+    from llm_watchdog.sim.remote import remote_nvml
+    from llm_watchdog.sim.server import SimLab
 
     with SimLab("workstation", time_scale=50, batch_streams=8) as lab:
         url = lab.url

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from watchdog.sim.gpu import (
+from llm_watchdog.sim.gpu import (
     GPU_IDLE,
     HW_POWER_BRAKE_SLOWDOWN,
     HW_SLOWDOWN,
@@ -17,7 +17,7 @@ from watchdog.sim.gpu import (
     SW_THERMAL_SLOWDOWN,
     SimGpu,
 )
-from watchdog.sim.scenario import GpuParams, load_scenario
+from llm_watchdog.sim.scenario import GpuParams, load_scenario
 
 # A card whose heat path is one fixed RC: the fan never changes R, no boost bin is lost, no
 # threshold or power limit is reached. Its temperature must follow T∞ + (T0 − T∞)·e^(−t/τ).

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.resources import bundled_dir
-from watchdog.sim.scenario import ScenarioError, available_scenarios, load_scenario
+from llm_watchdog.resources import bundled_dir
+from llm_watchdog.sim.scenario import ScenarioError, available_scenarios, load_scenario
 
 REQUIRED = {
     "consumer-warm-room",

@@ -12,13 +12,13 @@ import time
 import httpx
 import pytest
 
-from watchdog.engine import detect_engine
-from watchdog.gpu import NvmlReader
-from watchdog.probe import ProbeOptions, Prober
-from watchdog.probeset import load_probe_set
-from watchdog.sim.gpu import THROTTLE_BITS
-from watchdog.sim.scenario import Scenario, load_scenario
-from watchdog.sim.server import LabError, SimLab
+from llm_watchdog.engine import detect_engine
+from llm_watchdog.gpu import NvmlReader
+from llm_watchdog.probe import ProbeOptions, Prober
+from llm_watchdog.probeset import load_probe_set
+from llm_watchdog.sim.gpu import THROTTLE_BITS
+from llm_watchdog.sim.scenario import Scenario, load_scenario
+from llm_watchdog.sim.server import LabError, SimLab
 
 QUESTION = "What is the capital of France? Answer in one word."
 

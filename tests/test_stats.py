@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from watchdog import stats
+from llm_watchdog import stats
 
 
 @pytest.fixture

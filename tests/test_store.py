@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import sqlite_utils
 
-from watchdog.migrations import MigrationError, discover, migrate
-from watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
-from watchdog.store import (
+from llm_watchdog.migrations import MigrationError, discover, migrate
+from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
+from llm_watchdog.store import (
     GPU_FIELDS,
     GPU_HISTORY_COLUMNS,
     PROBE_FIELDS,
@@ -26,7 +26,7 @@ from watchdog.store import (
     probe_from_row,
     sample_from_row,
 )
-from watchdog.throttle import GPU_IDLE, HW_POWER_BRAKE_SLOWDOWN, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+from llm_watchdog.throttle import GPU_IDLE, HW_POWER_BRAKE_SLOWDOWN, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
 
 T0 = 1_700_000_040.0  # a whole minute (1_700_000_040 = 28_333_334 * 60)
 H0 = 1_699_999_200  # a whole hour (472_222 * 3600)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.streams import (
+from llm_watchdog.streams import (
     CHUNK,
     DONE,
     PROTOCOL_ERROR,

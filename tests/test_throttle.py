@@ -3,7 +3,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from watchdog import throttle
+from llm_watchdog import throttle
 
 # (bit, name, thermal, power, throttled)
 BITS = [

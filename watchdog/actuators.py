@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.events import AlertEvent
 
 ENV_ALLOWANCE = "LLM_WATCHDOG_ALLOWANCE"
 ENV_LEASE_S = "LLM_WATCHDOG_LEASE_S"

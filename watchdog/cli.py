@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from watchdog import __version__
-from watchdog.config import EX_CONFIG, ConfigError, Settings, example_config, load_settings
-from watchdog.output import emit, listing_options, stamp
-from watchdog.timeargs import parse_when
+from llm_watchdog import __version__
+from llm_watchdog.config import EX_CONFIG, ConfigError, Settings, example_config, load_settings
+from llm_watchdog.output import emit, listing_options, stamp
+from llm_watchdog.timeargs import parse_when
 
 EXIT_FAILURE = 1
 
@@ -58,7 +58,7 @@ def when_arg(text: str | None, now: float) -> float | None:
 def open_store(settings: Settings, must_exist: bool = True) -> Any:
     from pathlib import Path
 
-    from watchdog.store import Store, StoreError
+    from llm_watchdog.store import Store, StoreError
 
     path = Path(settings.storage.path)
     if must_exist and not path.exists():
@@ -113,7 +113,7 @@ def check_config(ctx: click.Context, example: bool, as_json: bool) -> None:
 
 
 def _toml_value(key: str, value: Any) -> str:
-    from watchdog.durations import format_duration
+    from llm_watchdog.durations import format_duration
 
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -169,8 +169,8 @@ def probe(
     """
     from dataclasses import replace
 
-    from watchdog.daemon import probe_options
-    from watchdog.probe import Prober
+    from llm_watchdog.daemon import probe_options
+    from llm_watchdog.probe import Prober
 
     settings = settings_from(ctx)
     server = replace(
@@ -225,15 +225,15 @@ class Target:
 
     probe_set: Any
     api_key: str | None
-    info: Any  # watchdog.engine.EngineInfo
+    info: Any  # llm_watchdog.engine.EngineInfo
     model: str
     engine: str
 
 
 def reach_server(settings: Settings) -> Target:
     """Load the probe set, reach `server.url`, pick the model and engine; one-line errors."""
-    from watchdog.engine import detect_engine
-    from watchdog.probeset import ProbeSetError, load_probe_set
+    from llm_watchdog.engine import detect_engine
+    from llm_watchdog.probeset import ProbeSetError, load_probe_set
 
     server = settings.server
     try:
@@ -290,16 +290,16 @@ def run(ctx: click.Context) -> None:
     """Run the watchdog daemon in the foreground (what the systemd unit starts)."""
     from pathlib import Path
 
-    from watchdog.daemon import EXIT_STARTUP_FAILED, Daemon
-    from watchdog.logs import setup_logging
-    from watchdog.probeset import ProbeSetError
+    from llm_watchdog.daemon import EXIT_STARTUP_FAILED, Daemon
+    from llm_watchdog.logs import setup_logging
+    from llm_watchdog.probeset import ProbeSetError
 
     settings = settings_from(ctx)
     setup_logging(settings.logging.level, settings.logging.format)
     _api_key(settings)
     Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
     store = open_store(settings, must_exist=False)
-    from watchdog.cli_judge import build_alerts
+    from llm_watchdog.cli_judge import build_alerts
 
     alert_manager = build_alerts(settings, store)
     try:
@@ -350,7 +350,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             if last and last.get("fingerprint_id")
             else store.latest_fingerprint()
         )
-        from watchdog.records import active_baseline, events
+        from llm_watchdog.records import active_baseline, events
 
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
@@ -379,7 +379,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if not gpus:
         click.echo("gpu          no samples (latency-only mode or no GPU)")
     for g in gpus:
-        from watchdog.throttle import reason_names
+        from llm_watchdog.throttle import reason_names
 
         reasons = ",".join(reason_names(g.get("throttle_reasons") or 0)) or "none"
         click.echo(
@@ -503,8 +503,8 @@ def history(
     fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
-    from watchdog.store import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
-    from watchdog.throttle import reason_names
+    from llm_watchdog.store import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
+    from llm_watchdog.throttle import reason_names
 
     settings = settings_from(ctx)
     now = time.time()
@@ -521,7 +521,7 @@ def history(
         emit(rows[-limit:] if limit else rows, CONTROL_COLUMNS, fmt)
         return
     if export_to:
-        from watchdog.cli_judge import export_trace_to
+        from llm_watchdog.cli_judge import export_trace_to
 
         export_trace_to(settings, export_to, since_ts, until_ts)
         return
@@ -550,8 +550,8 @@ def history(
 
 def _register_commands() -> None:
     # The judging side's commands live in their own module; importing it adds them to `cli`.
-    import watchdog.cli_judge  # noqa: F401
-    import watchdog.cli_lab  # noqa: F401
+    import llm_watchdog.cli_judge  # noqa: F401
+    import llm_watchdog.cli_lab  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -583,7 +583,7 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
     """Install the systemd service (and a config to edit, if there is none) and start it."""
     from pathlib import Path
 
-    from watchdog.install import apply, plan_install
+    from llm_watchdog.install import apply, plan_install
 
     rooted = Path(root).resolve() != Path("/")
     plan = plan_install(

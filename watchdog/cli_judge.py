@@ -1,5 +1,5 @@
 """CLI commands of the judging side: `drift`, `baseline`, `alerts`, `replay`, and the trace
-export of `history`. Registered on the main group by `watchdog.cli`."""
+export of `history`. Registered on the main group by `llm_watchdog.cli`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 import click
 
-from watchdog.cli import ConfigFail, Fail, cli, open_store, settings_from, when_arg
-from watchdog.output import emit, listing_options, stamp
+from llm_watchdog.cli import ConfigFail, Fail, cli, open_store, settings_from, when_arg
+from llm_watchdog.output import emit, listing_options, stamp
 
 # ---- drift ----------------------------------------------------------------------------------
 
@@ -29,7 +29,7 @@ DRIFT_COLUMNS = ["start", "end", "kind", "cause", "baseline_p95_ms", "peak_p95_m
 @click.pass_context
 def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fmt: str) -> None:
     """Drift events (chat slowed, heat warning, quality, cold starts …) with cause and evidence."""
-    from watchdog.records import events
+    from llm_watchdog.records import events
 
     settings = settings_from(ctx)
     now = time.time()
@@ -89,7 +89,7 @@ BASELINE_COLUMNS = [
 @click.pass_context
 def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """The baseline in use for each fingerprint (what 'normal' is)."""
-    from watchdog.records import baselines
+    from llm_watchdog.records import baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -105,7 +105,7 @@ def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
 @click.pass_context
 def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
     """Retire the baseline; the daemon learns a new one from the next warm probes."""
-    from watchdog.records import reset_baselines
+    from llm_watchdog.records import reset_baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -130,8 +130,8 @@ def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
 @click.pass_context
 def baseline_capture(ctx: click.Context, duration: str, from_history: str | None) -> None:
     """Take a baseline explicitly, e.g. right after a known-good deploy."""
-    from watchdog.durations import parse_duration
-    from watchdog.records import save_baseline
+    from llm_watchdog.durations import parse_duration
+    from llm_watchdog.records import save_baseline
 
     settings = settings_from(ctx)
     try:
@@ -144,7 +144,7 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
             fingerprint_id, observations = _history_observations(store, time.time() - seconds)
         else:
             fingerprint_id, observations = _probe_for(settings, store, seconds)
-        from watchdog.drift import baseline_from_observations
+        from llm_watchdog.drift import baseline_from_observations
 
         try:
             b = baseline_from_observations(
@@ -165,8 +165,8 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
 
 
 def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
-    from watchdog.drift import observation_from
-    from watchdog.store import probe_from_row, sample_from_row
+    from llm_watchdog.drift import observation_from
+    from llm_watchdog.store import probe_from_row, sample_from_row
 
     fp = store.latest_fingerprint()
     if fp is None:
@@ -182,8 +182,8 @@ def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
 def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any]]:
     from dataclasses import replace
 
-    from watchdog.daemon import Daemon
-    from watchdog.drift import observation_from
+    from llm_watchdog.daemon import Daemon
+    from llm_watchdog.drift import observation_from
 
     quiet = replace(settings, drift=replace(settings.drift, enabled=False))
     daemon = Daemon(quiet, store)
@@ -229,14 +229,14 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 
 def _trace_columns() -> tuple[str, ...]:
-    from watchdog.drift.replay import CONTRACT_COLUMNS
+    from llm_watchdog.drift.replay import CONTRACT_COLUMNS
 
     return (*CONTRACT_COLUMNS, "temp_slowdown_c")
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
     """Write recorded probes as a replay trace (the CSV contract of DESIGN.md)."""
-    from watchdog.store import sample_from_row
+    from llm_watchdog.store import sample_from_row
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)
@@ -289,7 +289,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
 @click.pass_context
 def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
     """Run the daemon's detector over a recorded trace (CSV) and print the drift events."""
-    from watchdog.drift import ReplayError, replay_file
+    from llm_watchdog.drift import ReplayError, replay_file
 
     settings = settings_from(ctx)
     if trace != "-" and not Path(trace).exists():
@@ -356,7 +356,7 @@ def build_alerts(settings: Any, store: Any) -> Any:
     """The daemon's alert manager: the configured sinks, or the log when none is configured."""
     import os
 
-    from watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
+    from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
 
     try:
         config, sinks = load_alerts(settings.alerts, env=os.environ)
@@ -371,7 +371,7 @@ def alerts_test(ctx: click.Context) -> None:
     """Send a test alert to every configured sink now; exit 1 if any failed."""
     import os
 
-    from watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
+    from llm_watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
 
     settings = settings_from(ctx)
     try:

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from watchdog.cli import Fail, cli, reach_server, settings_from
-from watchdog.gateway.cli import gateway
-from watchdog.output import emit, listing_options
-from watchdog.sim.cli import sim
+from llm_watchdog.cli import Fail, cli, reach_server, settings_from
+from llm_watchdog.gateway.cli import gateway
+from llm_watchdog.output import emit, listing_options
+from llm_watchdog.sim.cli import sim
 
 cli.add_command(sim)
 cli.add_command(gateway)
@@ -60,10 +60,10 @@ def bench(
     The curve to choose a batch allowance from: sends real extraction-style batch requests
     (long documents, X-Traffic-Class: batch) while canary chat probes measure TTFT.
     """
-    from watchdog.bench import run_bench
-    from watchdog.daemon import probe_options
-    from watchdog.durations import parse_duration
-    from watchdog.probe import Prober
+    from llm_watchdog.bench import run_bench
+    from llm_watchdog.daemon import probe_options
+    from llm_watchdog.durations import parse_duration
+    from llm_watchdog.probe import Prober
 
     settings = settings_from(ctx)
     try:
@@ -133,9 +133,9 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
     import threading
     from pathlib import Path
 
-    from watchdog.demo import DemoOptions, run_demo, summary
-    from watchdog.durations import parse_duration
-    from watchdog.sim.scenario import ScenarioError
+    from llm_watchdog.demo import DemoOptions, run_demo, summary
+    from llm_watchdog.durations import parse_duration
+    from llm_watchdog.sim.scenario import ScenarioError
 
     try:
         seconds = parse_duration(duration)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog.durations import parse_duration
+from llm_watchdog.durations import parse_duration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,7 +118,7 @@ class ApiSettings:
 
 @dataclass(frozen=True)
 class DriftSettings:
-    """The judging side (watchdog.drift.DriftConfig holds the full set of tuning constants)."""
+    """The judging side (llm_watchdog.drift.DriftConfig holds the full set of tuning constants)."""
 
     enabled: bool = True
     # Warm, unthrottled probes a baseline is learned from: 300 = 50 min at a 10 s interval.
@@ -137,7 +137,7 @@ class DriftSettings:
 
 @dataclass(frozen=True)
 class ControlSettings:
-    """The control loop that steers the batch allowance (watchdog.control holds the law)."""
+    """The control loop that steers the batch allowance (llm_watchdog.control holds the law)."""
 
     enabled: bool = False
     # Decide and record every step, read the serving layer back, but never write: what the
@@ -176,7 +176,7 @@ class Settings:
     drift: DriftSettings = field(default_factory=DriftSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
-    # [alerts] has arrays of sink tables; watchdog.alerts.config parses it (see there).
+    # [alerts] has arrays of sink tables; llm_watchdog.alerts.config parses it (see there).
     alerts: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="(built-in defaults)", compare=False)
 
@@ -199,7 +199,7 @@ class Settings:
         return out
 
     def control_config(self) -> Any:
-        from watchdog.control import ControlConfig
+        from llm_watchdog.control import ControlConfig
 
         c = self.control
         return ControlConfig(
@@ -223,7 +223,7 @@ class Settings:
         )
 
     def drift_config(self) -> Any:
-        from watchdog.drift import DriftConfig
+        from llm_watchdog.drift import DriftConfig
 
         d = self.drift
         return DriftConfig(
@@ -395,7 +395,7 @@ def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
 def _raw_section(name: str, raw: dict[str, Any], source: str) -> dict[str, Any]:
     """Check a section another module parses, without reading the secrets it names."""
     if name == "alerts":
-        from watchdog.alerts.config import AlertConfigError, alert_config_from_dict
+        from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
 
         try:
             alert_config_from_dict(raw)
@@ -462,6 +462,6 @@ def load_settings(
 
 
 def example_config() -> str:
-    from watchdog.resources import package_file
+    from llm_watchdog.resources import package_file
 
     return package_file("example-config.toml").read_text(encoding="utf-8")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from watchdog.stats import Ewma
+from llm_watchdog.stats import Ewma
 
 Z95 = 1.6448536269514722  # Φ⁻¹(0.95): the 95th percentile of a normal, in standard deviations
 
@@ -16,7 +16,7 @@ Z95 = 1.6448536269514722  # Φ⁻¹(0.95): the 95th percentile of a normal, in s
 class LogEwma:
     """EWMA of the mean and variance of ln x; p95 = exp(μ̂ + 1.645 σ̂) (log-normal TTFT).
 
-    `watchdog.stats.Ewma` does the update; the weight of a sample is max(α, 1/n), so the
+    `llm_watchdog.stats.Ewma` does the update; the weight of a sample is max(α, 1/n), so the
     first samples make an ordinary mean instead of the first one being remembered far too
     long.
     """

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog.alerts import AlertEvent, AlertManager
-from watchdog.config import settings_from_dict
-from watchdog.daemon import Daemon
-from watchdog.engine import resolve_model
-from watchdog.gateway import GatewayConfig, GatewayServer
-from watchdog.loadgen import BatchLoad
-from watchdog.logs import setup_logging
-from watchdog.models import GpuSample, ProbeResult
-from watchdog.store import Store
-from watchdog.throttle import reason_names
+from llm_watchdog.alerts import AlertEvent, AlertManager
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon import Daemon
+from llm_watchdog.engine import resolve_model
+from llm_watchdog.gateway import GatewayConfig, GatewayServer
+from llm_watchdog.loadgen import BatchLoad
+from llm_watchdog.logs import setup_logging
+from llm_watchdog.models import GpuSample, ProbeResult
+from llm_watchdog.store import Store
+from llm_watchdog.throttle import reason_names
 
 
 @dataclass
@@ -102,8 +102,8 @@ def _line(t: float, r: ProbeResult, g: GpuSample | None, allowance: int | None) 
 def run_demo(
     opts: DemoOptions, say: Callable[[str], None] = print, stop: threading.Event | None = None
 ) -> DemoResult:
-    from watchdog.sim.scenario import load_scenario
-    from watchdog.sim.server import SimLab
+    from llm_watchdog.sim.scenario import load_scenario
+    from llm_watchdog.sim.server import SimLab
 
     stop = stop or threading.Event()
     scenario = load_scenario(opts.scenario)

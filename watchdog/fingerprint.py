@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from watchdog.models import Fingerprint
+from llm_watchdog.models import Fingerprint
 
 UNKNOWN = "unknown"
 

@@ -2,7 +2,7 @@
 
 The only module in the project that imports `pynvml` (package nvidia-ml-py), and only inside
 `NvmlReader.start()`, never at import time. Everything else receives GpuSample / GpuInfo /
-GpuEvent values (watchdog.models).
+GpuEvent values (llm_watchdog.models).
 
     reader = NvmlReader()                 # or NvmlReader(nvml=fake) in tests and the heat lab
     if not reader.start():                # False: latency-only mode, said once in the log
@@ -31,7 +31,7 @@ REQUIRED_NVML_FUNCTIONS and REQUIRED_NVML_CONSTANTS, checked by `missing_nvml_na
     nvmlDeviceGetUtilizationRates(h) -> object with .gpu and .memory (%)
     nvmlDeviceGetFanSpeed(h) -> %
     nvmlDeviceGetPerformanceState(h) -> 0..15, or NVML_PSTATE_UNKNOWN
-    nvmlDeviceGetCurrentClocksEventReasons(h) -> bitmask (watchdog.throttle)
+    nvmlDeviceGetCurrentClocksEventReasons(h) -> bitmask (llm_watchdog.throttle)
         (older bindings: nvmlDeviceGetCurrentClocksThrottleReasons, used when the first is absent)
     nvmlDeviceGetViolationStatus(h, NVML_PERF_POLICY_THERMAL | NVML_PERF_POLICY_POWER)
         -> object with .violationTime (ns, cumulative)
@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.models import GpuEvent, GpuInfo, GpuSample
+from llm_watchdog.models import GpuEvent, GpuInfo, GpuSample
 
 _LOG = logging.getLogger(__name__)
 

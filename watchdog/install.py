@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.config import example_config
-from watchdog.resources import bundled_dir
+from llm_watchdog.config import example_config
+from llm_watchdog.resources import bundled_dir
 
 UNIT_NAME = "llm-watchdog.service"
 GATEWAY_UNIT = "llm-watchdog-gateway.service"
@@ -53,7 +53,7 @@ def render_unit(
     template: str, python: str, config_path: Path, user: bool, argv: list[str] | None = None
 ) -> str:
     argv = argv or ["--config", str(config_path), "run"]
-    exec_start = shlex.join([python, "-m", "watchdog", *argv])
+    exec_start = shlex.join([python, "-m", "llm_watchdog", *argv])
     lines = []
     for line in template.splitlines():
         if line.startswith("ExecStart="):

@@ -1,6 +1,6 @@
 """The daemon's judging side: probes in, drift events and alerts out.
 
-Glue between the pure `watchdog.drift.DriftMonitor`, the store and the alert manager, so the
+Glue between the pure `llm_watchdog.drift.DriftMonitor`, the store and the alert manager, so the
 daemon only hands it what it measured. The monitor is the same code `replay` runs.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from watchdog.alerts import AlertEvent
-from watchdog.drift import DriftEvent, DriftMonitor, observation_from
-from watchdog.models import GpuEvent, GpuSample, ProbeResult
-from watchdog.records import active_baseline, save_baseline, save_event
-from watchdog.store import Store
+from llm_watchdog.alerts import AlertEvent
+from llm_watchdog.drift import DriftEvent, DriftMonitor, observation_from
+from llm_watchdog.models import GpuEvent, GpuSample, ProbeResult
+from llm_watchdog.records import active_baseline, save_baseline, save_event
+from llm_watchdog.store import Store
 
-log = logging.getLogger("watchdog.judge")
+log = logging.getLogger("llm_watchdog.judge")
 
 # Drift event kinds as the alert rules name them.
 ALERT_KIND = {

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from watchdog.engine import api_root
+from llm_watchdog.engine import api_root
 
 _WORDS = (
     "invoice contract supplier delivery payment amount total customer order shipment date "

@@ -2,7 +2,7 @@
 
 `Prober.probe(prompt, probe_set)` sends one deterministic chat request (temperature 0, fixed
 seed, the prompt's `max_tokens`) and returns a `ProbeResult`. Every failure is a result with
-`ok=False`, an `error_class` from `watchdog.models.ERROR_CLASSES` and a one-line
+`ok=False`, an `error_class` from `llm_watchdog.models.ERROR_CLASSES` and a one-line
 `error_detail` that says what to try; no exception escapes `probe()`.
 
 Clocks: `time.perf_counter_ns()` for every duration, `now()` (UTC unix seconds) for the stamp.
@@ -33,7 +33,7 @@ then dies with "Server disconnected without sending a response". When a reused c
 before any response byte, the probe retries once on a fresh connection and records
 `connection="retried_stale"`.
 
-Stream rules (see `watchdog.streams`): a server error event inside a 200 stream is
+Stream rules (see `llm_watchdog.streams`): a server error event inside a 200 stream is
 `server_error`; a line that is not JSON is `protocol_error` even when the answer finished (the
 official OpenAI client raises on such a line, so a chat user would have seen a failure too),
 with the timings kept; a stream that ends without `[DONE]` is accepted when a choice had
@@ -54,10 +54,10 @@ from typing import Any
 
 import httpx
 
-from watchdog.engine import api_root, connect_reason, models_url
-from watchdog.models import ProbeResult
-from watchdog.probeset import Prompt
-from watchdog.streams import (
+from llm_watchdog.engine import api_root, connect_reason, models_url
+from llm_watchdog.models import ProbeResult
+from llm_watchdog.probeset import Prompt
+from llm_watchdog.streams import (
     DONE,
     PROTOCOL_ERROR,
     SERVER_ERROR,

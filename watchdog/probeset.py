@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog.resources import bundled_dir
+from llm_watchdog.resources import bundled_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

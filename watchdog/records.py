@@ -1,6 +1,6 @@
 """Drift baselines and events in the store: the SQL the CLI and the daemon share.
 
-The tables come from migration m002; only `watchdog.store.Store` talks to SQLite, and these
+The tables come from migration m002; only `llm_watchdog.store.Store` talks to SQLite, and these
 helpers go through its `insert` / `execute` / `rows`.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from watchdog.drift import Baseline, DriftEvent
-from watchdog.store import Store
+from llm_watchdog.drift import Baseline, DriftEvent
+from llm_watchdog.store import Store
 
 
 def save_baseline(store: Store, baseline: Baseline) -> int:

@@ -2,9 +2,9 @@
 
 One file, opened through sqlite-utils, in WAL mode (readers such as the CLI never block the
 daemon's writes), with a busy timeout for the moments two processes write at once. Schema
-changes are numbered migrations (`watchdog.migrations`), applied on open. The queries on raw
-rows are in `watchdog.store_rows`; the minute and hour rollups, retention and `history()` in
-`watchdog.rollups`. Both are functions over the database that only `Store` calls.
+changes are numbered migrations (`llm_watchdog.migrations`), applied on open. The queries on raw
+rows are in `llm_watchdog.store_rows`; the minute and hour rollups, retention and `history()` in
+`llm_watchdog.rollups`. Both are functions over the database that only `Store` calls.
 
 Exceptions: everything the database can throw leaves this module as
 
@@ -31,10 +31,10 @@ from typing import Any
 
 import sqlite_utils
 
-from watchdog import rollups, store_rows
-from watchdog.migrations import MigrationError, migrate
-from watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
-from watchdog.rollups import (
+from llm_watchdog import rollups, store_rows
+from llm_watchdog.migrations import MigrationError, migrate
+from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
+from llm_watchdog.rollups import (
     AUTO_1M_MAX_S,
     AUTO_RAW_MAX_S,
     GPU_BUCKET_COLUMNS,
@@ -44,7 +44,7 @@ from watchdog.rollups import (
     RESOLUTIONS,
     _BitOr,
 )
-from watchdog.store_rows import (
+from llm_watchdog.store_rows import (
     GPU_FIELDS,
     PROBE_FIELDS,
     _insert_sql,
@@ -262,7 +262,7 @@ class Store:
             cursor = db.execute(_insert_sql("gpu_events", cols), [getattr(ev, c) for c in cols])
             return int(cursor.lastrowid or 0)
 
-    # ---- reads (watchdog.store_rows) ------------------------------------------------------
+    # ---- reads (llm_watchdog.store_rows) ------------------------------------------------------
 
     def probes(
         self, since_ts: float | None = None, until_ts: float | None = None, limit: int | None = None
@@ -306,7 +306,7 @@ class Store:
         with self._reading() as db:
             return store_rows.latest_fingerprint(db)
 
-    # ---- rollup and history (watchdog.rollups) --------------------------------------------
+    # ---- rollup and history (llm_watchdog.rollups) --------------------------------------------
 
     def rollup(self, now_ts: float, raw_retention_s: float) -> int:
         """Fold finished minutes and hours of raw rows into the rollup tables, then delete raw
@@ -410,7 +410,7 @@ def _check_columns(db: sqlite_utils.Database, path: str) -> None:
         if missing:
             raise StoreError(
                 f"database {path}: table {table} has no column {', '.join(missing)}; "
-                "a migration that adds it is missing from watchdog/migrations"
+                "a migration that adds it is missing from llm_watchdog/migrations"
             )
 
 

@@ -1,6 +1,6 @@
 """Rows of the raw tables: their columns, SQLite values back to Python ones, and the reads.
 
-Functions over an open database; `watchdog.store.Store` calls them holding its lock, and
+Functions over an open database; `llm_watchdog.store.Store` calls them holding its lock, and
 turns sqlite3 errors into StoreError.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlite_utils
 
-from watchdog.models import GpuSample, ProbeResult
+from llm_watchdog.models import GpuSample, ProbeResult
 
 PROBE_FIELDS = tuple(f.name for f in fields(ProbeResult))
 GPU_FIELDS = tuple(f.name for f in fields(GpuSample))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from watchdog.durations import parse_duration
+from llm_watchdog.durations import parse_duration
 
 
 def parse_when(text: str, now_ts: float) -> float:

@@ -49,12 +49,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from watchdog.control_baselines import StaticController  # noqa: E402
-from watchdog.control_sim import FACTORIES, INTERVAL_S, SimController  # noqa: E402
-from watchdog.sim.controllers import Controller, ControllerContext, Observation  # noqa: E402
-from watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
-from watchdog.sim.virtual import run_virtual  # noqa: E402
-from watchdog.stats import quantile  # noqa: E402
+from llm_watchdog.control_baselines import StaticController  # noqa: E402
+from llm_watchdog.control_sim import FACTORIES, INTERVAL_S, SimController  # noqa: E402
+from llm_watchdog.sim.controllers import Controller, ControllerContext, Observation  # noqa: E402
+from llm_watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
+from llm_watchdog.sim.virtual import run_virtual  # noqa: E402
+from llm_watchdog.stats import quantile  # noqa: E402
 
 SCENARIOS = ("consumer-warm-room", "workstation", "datacenter", "ambient-step", "chat-burst")
 WARMUP_S = 120.0

@@ -34,9 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from watchdog import stats  # noqa: E402
-from watchdog.drift import DriftConfig, DriftMonitor, Observation  # noqa: E402
-from watchdog.drift.replay import OPTIONAL, REQUIRED  # noqa: E402
+from llm_watchdog import stats  # noqa: E402
+from llm_watchdog.drift import DriftConfig, DriftMonitor, Observation  # noqa: E402
+from llm_watchdog.drift.replay import OPTIONAL, REQUIRED  # noqa: E402
 
 INTERVAL_S = 10.0
 WEEK = 7 * 24 * 3600 / INTERVAL_S  # probes per week

@@ -260,7 +260,7 @@ def gateway_process(engine_port: int, *extra: str) -> Iterator[tuple[int, psutil
         [
             sys.executable,
             "-c",
-            "from watchdog.gateway.cli import gateway; gateway()",
+            "from llm_watchdog.gateway.cli import gateway; gateway()",
             "--listen",
             "127.0.0.1:0",
             "--upstream",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from watchdog.durations import parse_duration
-from watchdog.sim.scenario import available_scenarios, load_scenario
-from watchdog.sim.virtual import run_virtual
+from llm_watchdog.durations import parse_duration
+from llm_watchdog.sim.scenario import available_scenarios, load_scenario
+from llm_watchdog.sim.virtual import run_virtual
 
 MEASURED = {0: (159, 182, None), 2: (192, 5960, 29), 4: (211, 10100, None), 7: (279, 6700, 41)}
 

@@ -1,20 +1,20 @@
 """Alerts: rules over events, deduplicated and rate-limited, delivered to sinks.
 
 The daemon maps its events onto `AlertEvent` and hands them to an `AlertManager`; the
-configuration keys are documented in `watchdog.alerts.config`.
+configuration keys are documented in `llm_watchdog.alerts.config`.
 """
 
 from __future__ import annotations
 
-from watchdog.alerts.config import (
+from llm_watchdog.alerts.config import (
     AlertConfig,
     AlertConfigError,
     alert_config_from_dict,
     load_alerts,
     sinks_from_config,
 )
-from watchdog.alerts.events import KINDS, SEVERITIES, AlertEvent
-from watchdog.alerts.manager import (
+from llm_watchdog.alerts.events import KINDS, SEVERITIES, AlertEvent
+from llm_watchdog.alerts.manager import (
     ALERTS_TABLE,
     AlertLog,
     AlertManager,
@@ -22,9 +22,9 @@ from watchdog.alerts.manager import (
     SendResult,
     send_test,
 )
-from watchdog.alerts.policy import AlertPolicy, AlertRules
-from watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink, Sink
-from watchdog.alerts.webhook import WebhookSink
+from llm_watchdog.alerts.policy import AlertPolicy, AlertRules
+from llm_watchdog.alerts.sinks import CommandSink, DeliveryError, LogSink, Sink
+from llm_watchdog.alerts.webhook import WebhookSink
 
 __all__ = [
     "ALERTS_TABLE",

@@ -35,7 +35,7 @@ Keys (TOML; durations are seconds or text like "30s", "5m", "1h"):
     timeout = "30s"
 
     # type = "log": one line per alert on the daemon's log (journald under systemd)
-    logger = "watchdog.alerts"  # level follows severity: journald priority crit/warning/info
+    logger = "llm_watchdog.alerts"  # level follows severity: journald priority crit/warning/info
 
 Every error is an `AlertConfigError` whose text names the key and says what is expected.
 """
@@ -52,11 +52,11 @@ from typing import Any
 
 import httpx
 
-from watchdog.alerts.events import KINDS, SEVERITIES
-from watchdog.alerts.policy import AlertRules
-from watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
-from watchdog.alerts.webhook import SHAPES, WebhookSink
-from watchdog.durations import parse_duration
+from llm_watchdog.alerts.events import KINDS, SEVERITIES
+from llm_watchdog.alerts.policy import AlertRules
+from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
+from llm_watchdog.alerts.webhook import SHAPES, WebhookSink
+from llm_watchdog.durations import parse_duration
 
 SINK_TYPES = ("webhook", "command", "log")
 
@@ -230,9 +230,9 @@ def _sink(
                 "expected a non-empty list of strings: the program and its arguments (no shell)",
             )
         return CommandSink(argv, _duration(entry, "timeout", 30.0, where, positive=True), **common)
-    logger_name = entry.get("logger", "watchdog.alerts")
+    logger_name = entry.get("logger", "llm_watchdog.alerts")
     if not isinstance(logger_name, str) or not logger_name:
-        raise AlertConfigError(f"{where}.logger", "expected a logger name such as watchdog.alerts")
+        raise AlertConfigError(f"{where}.logger", "expected a logger name such as llm_watchdog.alerts")
     return LogSink(logging.getLogger(logger_name), **common)
 
 

@@ -23,16 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from watchdog.alerts.config import AlertConfig
-from watchdog.alerts.events import AlertEvent
-from watchdog.alerts.policy import AlertPolicy
-from watchdog.alerts.sinks import DeliveryError, Sink
+from llm_watchdog.alerts.config import AlertConfig
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.policy import AlertPolicy
+from llm_watchdog.alerts.sinks import DeliveryError, Sink
 
 ALERTS_TABLE = "alerts"
 _DELIVERED_MEMORY = 10_000  # firing keys remembered per sink, for "resolved only if sent"
 
 Recorder = Callable[[dict[str, Any]], None]
-log = logging.getLogger("watchdog.alerts")
+log = logging.getLogger("llm_watchdog.alerts")
 
 
 class AlertLog(Protocol):

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from watchdog.alerts.events import SEVERITIES, AlertEvent, severity_rank
-from watchdog.durations import human_duration
+from llm_watchdog.alerts.events import SEVERITIES, AlertEvent, severity_rank
+from llm_watchdog.durations import human_duration
 
 
 @dataclass(frozen=True)

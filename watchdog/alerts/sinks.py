@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
-from watchdog.alerts.events import AlertEvent, severity_rank
+from llm_watchdog.alerts.events import AlertEvent, severity_rank
 
 ENV_PREFIX = "LLM_WATCHDOG_"
 
@@ -212,7 +212,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 # Python logging levels by alert severity; under systemd the daemon's journal formatter
-# (watchdog.logs) turns them into sd-daemon(3) priorities: critical 2, warning 4, info 6.
+# (llm_watchdog.logs) turns them into sd-daemon(3) priorities: critical 2, warning 4, info 6.
 _LOG_LEVELS = {"critical": logging.CRITICAL, "warning": logging.WARNING, "info": logging.INFO}
 
 
@@ -228,7 +228,7 @@ class LogSink(BaseSink):
         kinds: frozenset[str] | None = None,
     ) -> None:
         super().__init__(name, min_severity=min_severity, kinds=kinds)
-        self.logger = logger or logging.getLogger("watchdog.alerts")
+        self.logger = logger or logging.getLogger("llm_watchdog.alerts")
 
     def line(self, alert: AlertEvent) -> str:
         cause = f" cause={alert.cause}" if alert.cause else ""

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from watchdog.alerts.events import AlertEvent
-from watchdog.alerts.sinks import BaseSink, DeliveryError, alert_json, dumps
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.sinks import BaseSink, DeliveryError, alert_json, dumps
 
 SHAPES = ("generic", "slack", "discord", "ntfy")
 DISCORD_LIMIT = 2000  # characters in "content" (Discord API, Execute Webhook)

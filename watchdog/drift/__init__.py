@@ -3,11 +3,11 @@
 Pure logic: observations and their timestamps in, events out. See `monitor.DriftMonitor`.
 """
 
-from watchdog.drift.baseline import BaselineLearner, baseline_from_observations
-from watchdog.drift.cold import ColdVerdict, classify_cold
-from watchdog.drift.monitor import DriftMonitor, MonitorState
-from watchdog.drift.replay import ReplayError, events_to_jsonl, parse_trace, replay_file
-from watchdog.drift.values import (
+from llm_watchdog.drift.baseline import BaselineLearner, baseline_from_observations
+from llm_watchdog.drift.cold import ColdVerdict, classify_cold
+from llm_watchdog.drift.monitor import DriftMonitor, MonitorState
+from llm_watchdog.drift.replay import ReplayError, events_to_jsonl, parse_trace, replay_file
+from llm_watchdog.drift.values import (
     BASELINE_INVALIDATED,
     CAUSES,
     CHANGES,

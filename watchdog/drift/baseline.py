@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from watchdog import stats, throttle
-from watchdog.drift.values import Baseline, DriftConfig, Observation
+from llm_watchdog import stats, throttle
+from llm_watchdog.drift.values import Baseline, DriftConfig, Observation
 
 
 def is_warm_ok(obs: Observation) -> bool:

@@ -51,8 +51,8 @@ from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
-from watchdog import stats
-from watchdog.drift.values import Baseline, DriftConfig
+from llm_watchdog import stats
+from llm_watchdog.drift.values import Baseline, DriftConfig
 
 ALARM = "alarm"
 END = "end"

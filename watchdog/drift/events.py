@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.drift import messages
-from watchdog.drift.values import DriftEvent
+from llm_watchdog.drift import messages
+from llm_watchdog.drift.values import DriftEvent
 
 
 @dataclass

@@ -7,8 +7,8 @@ slowed yet, that is a `heat_warning`: time to shed batch load before people noti
 
 from __future__ import annotations
 
-from watchdog.drift.values import DriftConfig
-from watchdog.stats import WindowSlope
+from llm_watchdog.drift.values import DriftConfig
+from llm_watchdog.stats import WindowSlope
 
 OPEN = "open"
 CLOSE = "close"

@@ -4,15 +4,15 @@
     SwThermalSlowdown for 7 min
 
 Unknown figures are left out rather than printed as "None". Durations and latencies are
-spelled by watchdog.durations, as in every alert.
+spelled by llm_watchdog.durations, as in every alert.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from watchdog.drift.cause import longest_reason
-from watchdog.durations import human_duration, human_ms
+from llm_watchdog.drift.cause import longest_reason
+from llm_watchdog.durations import human_duration, human_ms
 
 HEADLINES = {
     "thermal": "Chat slowed under heat",

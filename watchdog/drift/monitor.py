@@ -15,13 +15,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog import stats, throttle
-from watchdog.drift import heat, messages, watchers
-from watchdog.drift.baseline import BaselineLearner, busy_clock
-from watchdog.drift.cause import TelemetryWindow, attribute
-from watchdog.drift.detector import ALARM, END, LatencyDetector
-from watchdog.drift.events import EventBook, snapshot
-from watchdog.drift.values import (
+from llm_watchdog import stats, throttle
+from llm_watchdog.drift import heat, messages, watchers
+from llm_watchdog.drift.baseline import BaselineLearner, busy_clock
+from llm_watchdog.drift.cause import TelemetryWindow, attribute
+from llm_watchdog.drift.detector import ALARM, END, LatencyDetector
+from llm_watchdog.drift.events import EventBook, snapshot
+from llm_watchdog.drift.values import (
     BASELINE_INVALIDATED,
     Baseline,
     DriftConfig,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from watchdog.drift.cold import classify_cold
-from watchdog.drift.monitor import DriftMonitor
-from watchdog.drift.values import DriftConfig, DriftEvent, Observation
+from llm_watchdog.drift.cold import classify_cold
+from llm_watchdog.drift.monitor import DriftMonitor
+from llm_watchdog.drift.values import DriftConfig, DriftEvent, Observation
 
 REQUIRED = ("ts", "ttft_ms")
 # The replay trace contract of DESIGN.md, in its order.

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from watchdog.models import GpuSample, ProbeResult
+from llm_watchdog.models import GpuSample, ProbeResult
 
 KINDS = ("latency", "quality", "heat_warning", "cold_start_slow", "probes_failing")
 # Raised by DriftMonitor.set_fingerprint when the runtime changed under a baseline.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from watchdog import stats
-from watchdog.drift.values import DriftConfig
+from llm_watchdog import stats
+from llm_watchdog.drift.values import DriftConfig
 
 OPEN = "open"
 CLOSE = "close"

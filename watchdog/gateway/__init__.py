@@ -6,9 +6,9 @@ with a lease, through the control API (`GET /control`, `PUT /control/classes/bat
 
 from __future__ import annotations
 
-from watchdog.gateway.app import Gateway, create_app
-from watchdog.gateway.config import BATCH, CHAT, CLASSES, TOKEN_ENV, GatewayConfig, read_token
-from watchdog.gateway.server import GatewayServer, ListenError, serve
+from llm_watchdog.gateway.app import Gateway, create_app
+from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, TOKEN_ENV, GatewayConfig, read_token
+from llm_watchdog.gateway.server import GatewayServer, ListenError, serve
 
 __all__ = [
     "BATCH",

@@ -20,14 +20,14 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from watchdog.gateway import control
-from watchdog.gateway.admission import Allowance, Change, ClassGate
-from watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
-from watchdog.gateway.observe import Observer
-from watchdog.gateway.proxy import Proxy, retry_after_from
-from watchdog.gateway.upstream import Upstream
+from llm_watchdog.gateway import control
+from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
+from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
+from llm_watchdog.gateway.observe import Observer
+from llm_watchdog.gateway.proxy import Proxy, retry_after_from
+from llm_watchdog.gateway.upstream import Upstream
 
-log = logging.getLogger("watchdog.gateway")
+log = logging.getLogger("llm_watchdog.gateway")
 
 
 class Gateway:

@@ -14,20 +14,20 @@ from typing import Any
 
 import click
 
-from watchdog.durations import parse_duration
-from watchdog.gateway.config import (
+from llm_watchdog.durations import parse_duration
+from llm_watchdog.gateway.config import (
     CLASSES,
     DEFAULT_BATCH_RAMP_PER_S,
     TOKEN_ENV,
     GatewayConfig,
     read_token,
 )
-from watchdog.gateway.server import ListenError, serve
-from watchdog.logs import setup_logging
+from llm_watchdog.gateway.server import ListenError, serve
+from llm_watchdog.logs import setup_logging
 
 EX_CONFIG = 78
 
-log = logging.getLogger("watchdog.gateway")
+log = logging.getLogger("llm_watchdog.gateway")
 
 
 class _ConfigFail(click.ClickException):

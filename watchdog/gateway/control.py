@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 if TYPE_CHECKING:
-    from watchdog.gateway.app import Gateway
+    from llm_watchdog.gateway.app import Gateway
 
 MAX_REASON_CHARS = 500
 

@@ -19,15 +19,15 @@ import math
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from watchdog.gateway.config import CLASSES, GatewayConfig
-from watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
+from llm_watchdog.gateway.config import CLASSES, GatewayConfig
+from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
 if TYPE_CHECKING:
-    from watchdog.gateway.app import Gateway
+    from llm_watchdog.gateway.app import Gateway
 
 Scope = dict[str, Any]
 
-log = logging.getLogger("watchdog.gateway")
+log = logging.getLogger("llm_watchdog.gateway")
 
 CLASS_HEADER = b"x-traffic-class"
 

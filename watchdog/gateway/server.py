@@ -20,8 +20,8 @@ from typing import Any
 
 import uvicorn
 
-from watchdog.gateway.app import Gateway, create_app
-from watchdog.gateway.config import GatewayConfig
+from llm_watchdog.gateway.app import Gateway, create_app
+from llm_watchdog.gateway.config import GatewayConfig
 
 
 class ListenError(OSError):

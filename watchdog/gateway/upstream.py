@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from watchdog.gateway.config import GatewayConfig
+from llm_watchdog.gateway.config import GatewayConfig
 
 # Idle connections kept per engine; more than the engine runs at once is of no use.
 MAX_IDLE_CONNECTIONS = 256

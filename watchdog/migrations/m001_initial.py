@@ -1,6 +1,6 @@
 """The first schema: fingerprints, probe results, GPU samples and events, per-minute rollups.
 
-Columns are spelled out here rather than derived from `watchdog.models`: a released migration
+Columns are spelled out here rather than derived from `llm_watchdog.models`: a released migration
 must build the same tables forever, whatever the dataclasses grow into. A field added to a
 dataclass needs a new migration that adds its column (tests/test_store.py checks that every
 field has one).
@@ -154,7 +154,7 @@ STATEMENTS = [
         fan_mean_pct REAL,
         pstate_max INTEGER,  -- highest P-state number: the slowest state seen
         throttle_reasons INTEGER,  -- OR of every sample's reasons
-        thermal_n INTEGER,  -- samples with a thermal reason bit (watchdog.throttle)
+        thermal_n INTEGER,  -- samples with a thermal reason bit (llm_watchdog.throttle)
         power_n INTEGER,  -- samples with a power reason bit
         thermal_violation_ms REAL,  -- sums over the bucket
         power_violation_ms REAL,

@@ -1,6 +1,6 @@
 """Migration 2: drift baselines and drift events.
 
-`baselines`: one row per Baseline (watchdog.drift.values.Baseline), learned ("auto") or
+`baselines`: one row per Baseline (llm_watchdog.drift.values.Baseline), learned ("auto") or
 captured ("capture"). The row in use for a fingerprint is the newest with `reset_ts IS NULL`;
 `baseline reset` and a runtime change set `reset_ts` instead of deleting, so history keeps
 what each event was judged against.

@@ -10,15 +10,15 @@
 
 from __future__ import annotations
 
-from watchdog.sim.controllers import (
+from llm_watchdog.sim.controllers import (
     Controller,
     ControllerContext,
     Observation,
     make_controller,
     register_controller,
 )
-from watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
-from watchdog.sim.virtual import RunResult, run_virtual
+from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
+from llm_watchdog.sim.virtual import RunResult, run_virtual
 
 __all__ = [
     "Controller",

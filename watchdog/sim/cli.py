@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from watchdog.durations import format_duration, parse_duration
-from watchdog.sim.controllers import ControllerError, controller_names
-from watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
-from watchdog.sim.virtual import RunResult, run_virtual
+from llm_watchdog.durations import format_duration, parse_duration
+from llm_watchdog.sim.controllers import ControllerError, controller_names
+from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
+from llm_watchdog.sim.virtual import RunResult, run_virtual
 
 EX_CONFIG = 78
 
@@ -72,7 +72,7 @@ def serve(
     scenario: str, host: str, port: int, time_scale: float, batch_streams: int | None
 ) -> None:
     """Serve the simulated engine over HTTP until Ctrl-C."""
-    from watchdog.sim.server import LabError, SimLab
+    from llm_watchdog.sim.server import LabError, SimLab
 
     sc = _scenario(scenario)
     if time_scale <= 0:
@@ -98,7 +98,7 @@ def serve(
         click.echo(f'  engine = "{engine}"')
         click.echo(f"the simulated card's state: {url}/sim/state  (metrics: {url}/metrics)")
         click.echo(
-            f'its NVML, for a daemon in another process: watchdog.sim.remote.remote_nvml("{url}")'
+            f'its NVML, for a daemon in another process: llm_watchdog.sim.remote.remote_nvml("{url}")'
         )
         click.echo("Ctrl-C stops it.")
         while not stop.wait(0.5):

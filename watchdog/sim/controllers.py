@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from watchdog.models import GpuSample
+from llm_watchdog.models import GpuSample
 
 
 class ControllerError(ValueError):
@@ -112,9 +112,9 @@ def controller_names() -> list[str]:
 
 
 def _load_project_controllers() -> None:
-    # The allowance law and its comparison baselines live outside the lab (watchdog.control);
+    # The allowance law and its comparison baselines live outside the lab (llm_watchdog.control);
     # importing them here, late, keeps the lab free of a dependency it does not need to start.
-    from watchdog import control_sim
+    from llm_watchdog import control_sim
 
     control_sim.register()
 

@@ -34,7 +34,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from watchdog.sim.scenario import EngineParams
+from llm_watchdog.sim.scenario import EngineParams
 
 WAITING, PREFILL, DECODE, DONE, CANCELLED = "waiting", "prefill", "decode", "done", "cancelled"
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import pynvml
 
-from watchdog.sim.gpu import GpuSnapshot, SimGpu
-from watchdog.sim.scenario import GpuParams
+from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
+from llm_watchdog.sim.scenario import GpuParams
 
 NVMLError = pynvml.NVMLError
 

@@ -35,7 +35,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from watchdog.sim.scenario import GpuParams
+from llm_watchdog.sim.scenario import GpuParams
 
 # nvml.h clock-event reason bits (the same values as pynvml.nvmlClocksEventReason*)
 GPU_IDLE = 0x1

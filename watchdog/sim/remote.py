@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pynvml
 
-from watchdog.sim.fakenvml import FakeNvml
-from watchdog.sim.gpu import GpuSnapshot
-from watchdog.sim.scenario import GpuParams
+from llm_watchdog.sim.fakenvml import FakeNvml
+from llm_watchdog.sim.gpu import GpuSnapshot
+from llm_watchdog.sim.scenario import GpuParams
 
 CACHE_S = 0.05
 

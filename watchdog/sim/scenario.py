@@ -3,7 +3,7 @@
 A scenario describes one card in one room serving one engine to two kinds of traffic. Every
 physical number is a named key whose name carries its unit (`ambient_c`, `power_limit_w`,
 `prefill_token_ms`). The shipped files live in `data/scenarios/` (found through
-`watchdog.resources.bundled_dir("scenarios")`) and each one documents its keys in its header.
+`llm_watchdog.resources.bundled_dir("scenarios")`) and each one documents its keys in its header.
 
 A file may start from another with `base = "workstation"`: the base is loaded first and the
 file's tables are laid over it key by key; `[[schedule]]` replaces the base's schedule.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from watchdog.resources import bundled_dir
+from llm_watchdog.resources import bundled_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -3,7 +3,7 @@ sockets, and a fake NVML module over the same simulated card, all on one clock.
 
     with SimLab("consumer-warm-room", time_scale=20, batch_streams=8) as lab:
         lab.url          # http://127.0.0.1:PORT (OpenAI API under /v1)
-        lab.nvml         # a pynvml-like module: hand it to watchdog.gpu.NvmlReader
+        lab.nvml         # a pynvml-like module: hand it to llm_watchdog.gpu.NvmlReader
         lab.set_batch_streams(4)     # the lab's own batch job: how many streams it wants
         lab.set_batch_allowance(2)   # a gateway-style cap on them (None: no cap)
 
@@ -12,7 +12,7 @@ per token paced by the engine model, a final chunk with finish_reason, a usage c
 `stream_options.include_usage`, then `[DONE]`; JSON otherwise), GET /v1/models, /health,
 /metrics (Prometheus text, vLLM's names), /version (posing as vLLM) or /props (posing as
 llama.cpp), /sim/state (the card and the batch job, as JSON) and /sim/gpu (the card's
-parameters and a snapshot, read by watchdog.sim.remote for a daemon in another process).
+parameters and a snapshot, read by llm_watchdog.sim.remote for a daemon in another process).
 
 Requests are chat unless sent with `X-Traffic-Class: batch`; a body `priority` (vLLM's
 extension) overrides the class's priority. `time_scale` compresses the card's thermal time
@@ -39,13 +39,13 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from watchdog import __version__
-from watchdog.sim.answers import Answers
-from watchdog.sim.engine import CANCELLED, DONE, Request
-from watchdog.sim.fakenvml import FakeNvml
-from watchdog.sim.gpu import GpuSnapshot
-from watchdog.sim.scenario import GpuParams, Scenario, load_scenario
-from watchdog.sim.world import World
+from llm_watchdog import __version__
+from llm_watchdog.sim.answers import Answers
+from llm_watchdog.sim.engine import CANCELLED, DONE, Request
+from llm_watchdog.sim.fakenvml import FakeNvml
+from llm_watchdog.sim.gpu import GpuSnapshot
+from llm_watchdog.sim.scenario import GpuParams, Scenario, load_scenario
+from llm_watchdog.sim.world import World
 
 PREFIX_CACHE_ENTRIES = 256
 
@@ -306,7 +306,7 @@ class SimLab:
         return JSONResponse(self.state())
 
     async def _gpu(self, request: HttpRequest) -> Response:
-        """The card's fixed parameters and a fresh snapshot, for watchdog.sim.remote."""
+        """The card's fixed parameters and a fresh snapshot, for llm_watchdog.sim.remote."""
         snap = self.nvml_device.read(self.now())
         return JSONResponse(
             {

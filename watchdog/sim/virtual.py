@@ -20,18 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
-from watchdog.models import GpuSample
-from watchdog.sim.controllers import (
+from llm_watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
+from llm_watchdog.models import GpuSample
+from llm_watchdog.sim.controllers import (
     Controller,
     ControllerContext,
     Observation,
     make_controller,
 )
-from watchdog.sim.engine import Request
-from watchdog.sim.gpu import GpuSnapshot
-from watchdog.sim.scenario import Scenario
-from watchdog.sim.world import World
+from llm_watchdog.sim.engine import Request
+from llm_watchdog.sim.gpu import GpuSnapshot
+from llm_watchdog.sim.scenario import Scenario
+from llm_watchdog.sim.world import World
 
 WINDOW_S = 60.0  # SLO attainment is judged per 1-minute window
 

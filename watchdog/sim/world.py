@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import random
 
-from watchdog.gateway.admission import Ramp
-from watchdog.sim.engine import Engine, Request, StepPlan, StepResult
-from watchdog.sim.gpu import GpuSnapshot, SimGpu
-from watchdog.sim.scenario import ClassTraffic, Scenario
+from llm_watchdog.gateway.admission import Ramp
+from llm_watchdog.sim.engine import Engine, Request, StepPlan, StepResult
+from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
+from llm_watchdog.sim.scenario import ClassTraffic, Scenario
 
 GPU_TICK_S = 0.1
 
