@@ -3,7 +3,8 @@
 A FakeNvml instance stands where the `pynvml` module would: it carries the REAL module's
 constants (NVML_*, nvmlClocks*) and error classes (NVMLError and its NVMLError_* subclasses,
 so `except pynvml.NVMLError_GPUIsLost` works on what it raises), and implements the functions
-llm_watchdog.gpu uses (REQUIRED_NVML_FUNCTIONS) in plain Python over FakeGpu values. Passed in,
+llm_watchdog.nvml.reader uses (REQUIRED_NVML_FUNCTIONS) in plain Python over FakeGpu values.
+Passed in,
 never patched over the real module.
 
     from tests.fakenvml import scenario_basic

@@ -19,9 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.streamserver import StreamServer, closed_port_url
-from llm_watchdog.actuators import (
+from llm_watchdog.actuators.base import (
     ENV_ALLOWANCE,
     ENV_LEASE_S,
     ENV_REASON,
@@ -36,6 +34,8 @@ from llm_watchdog.actuators import (
     not_effective_event,
 )
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
+
+from tests.streamserver import StreamServer, closed_port_url
 
 TOKEN = "s3cret-control-token"
 

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 import sqlite_utils
-
 from llm_watchdog.alerts.config import AlertConfig
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, as_recorder, attempt_row
 from llm_watchdog.alerts.sinks import BaseSink, DeliveryError
-from llm_watchdog.migrations import Migration, discover, m003_alerts, migrate
+from llm_watchdog.store.migrations import Migration, discover, m003_alerts, migrate
 
 T0 = 1_700_000_000.0
 
@@ -290,7 +289,7 @@ def test_rows_fit_the_alerts_table(tmp_path: Path) -> None:
 
 
 def test_workers_record_through_the_store(tmp_path: Path) -> None:
-    from llm_watchdog.store import Store
+    from llm_watchdog.store.db import Store
 
     sink = MemorySink("ops", errors=[DeliveryError("503")])
     with Store(tmp_path / "watchdog.db") as store:

@@ -3,10 +3,10 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+from llm_watchdog.bench.loadgen import BatchLoad, document, extraction_messages
+from llm_watchdog.cli.main import _register_commands, cli
 
 from tests.streamserver import StreamServer
-from llm_watchdog.cli import _register_commands, cli
-from llm_watchdog.loadgen import BatchLoad, document, extraction_messages
 
 _register_commands()
 

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import (
     EX_CONFIG,
     ConfigError,
@@ -13,7 +13,6 @@ from llm_watchdog.config import (
     settings_from_dict,
 )
 from llm_watchdog.resources import package_file
-from llm_watchdog.timeargs import parse_when
 
 
 def write(tmp_path: Path, text: str) -> Path:

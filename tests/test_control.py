@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 import sqlite_utils
-
-from llm_watchdog import control_sim
-from llm_watchdog.control import (
+from llm_watchdog.control.baselines import (
+    AimdController,
+    ExpAvg,
+    Gradient2Controller,
+    StaticController,
+)
+from llm_watchdog.control.law import (
     AllowanceController,
     ControlAction,
     ControlConfig,
@@ -25,19 +29,14 @@ from llm_watchdog.control import (
     design_law,
     verification_row,
 )
-from llm_watchdog.control_baselines import (
-    AimdController,
-    ExpAvg,
-    Gradient2Controller,
-    StaticController,
-)
-from llm_watchdog.control_signals import LogEwma, RateEwma, SurgeDetector
-from llm_watchdog.migrations import migrate
+from llm_watchdog.control.signals import LogEwma, RateEwma, SurgeDetector
+from llm_watchdog.nvml.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+from llm_watchdog.sim import law as control_sim
 from llm_watchdog.sim.controllers import ControllerContext, ControllerError, make_controller
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.virtual import run_virtual
 from llm_watchdog.stats import quantile
-from llm_watchdog.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+from llm_watchdog.store.migrations import migrate
 
 T = 1000.0  # the chat p95 target in every test
 MAX_MHZ = 2000.0
@@ -752,7 +751,7 @@ def test_lab_names_after_register() -> None:
     assert make_controller("aimd:5", lab_context()).interval_s == 5.0
     # without registration, by import path
     assert isinstance(
-        make_controller("llm_watchdog.control_sim:gradient2:8", lab_context()).inner,  # type: ignore[attr-defined]
+        make_controller("llm_watchdog.sim.law:gradient2:8", lab_context()).inner,  # type: ignore[attr-defined]
         Gradient2Controller,
     )
 

@@ -7,10 +7,9 @@ import time
 
 import httpx
 import pytest
-
 from llm_watchdog.demo import DemoOptions, run_demo, summary
-from llm_watchdog.store import Store
-from llm_watchdog.throttle import THERMAL_MASK
+from llm_watchdog.nvml.throttle import THERMAL_MASK
+from llm_watchdog.store.db import Store
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from llm_watchdog.drift import classify_cold
 
 T = 1_700_000_000.0

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from llm_watchdog.drift import (
     Baseline,
     DriftConfig,

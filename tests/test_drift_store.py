@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import sqlite_utils
-
 from llm_watchdog.drift import Baseline, DriftEvent
-from llm_watchdog.migrations import migrate
+from llm_watchdog.store.migrations import migrate
 
 
 def test_baseline_and_event_round_trip(tmp_path: Path) -> None:

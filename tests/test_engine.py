@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.streamserver import StreamServer, closed_port_url, unanswering_port
-from llm_watchdog.engine import (
+from llm_watchdog.probe.engine import (
     EngineInfo,
     ModelResolveError,
     api_root,
@@ -16,6 +14,8 @@ from llm_watchdog.engine import (
     models_url,
     resolve_model,
 )
+
+from tests.streamserver import StreamServer, closed_port_url, unanswering_port
 
 LLAMACPP = Path(__file__).resolve().parent.parent / "data" / "fixtures" / "llamacpp"
 

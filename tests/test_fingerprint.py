@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
-from llm_watchdog.fingerprint import build_fingerprint, config_hash, describe_change
 from llm_watchdog.models import Fingerprint
+from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
 
 BASE: dict[str, Any] = dict(
     engine="llamacpp",

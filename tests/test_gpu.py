@@ -10,6 +10,15 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
+from llm_watchdog.models import GpuEvent, GpuSample
+from llm_watchdog.nvml import throttle
+from llm_watchdog.nvml.reader import (
+    REINIT_BACKOFF_INITIAL_S,
+    REQUIRED_NVML_CONSTANTS,
+    REQUIRED_NVML_FUNCTIONS,
+    NvmlReader,
+    missing_nvml_names,
+)
 
 from tests.fakenvml import (
     FakeGpu,
@@ -23,17 +32,8 @@ from tests.fakenvml import (
     scenario_library_missing,
     scenario_throttled,
 )
-from llm_watchdog import throttle
-from llm_watchdog.gpu import (
-    REINIT_BACKOFF_INITIAL_S,
-    REQUIRED_NVML_CONSTANTS,
-    REQUIRED_NVML_FUNCTIONS,
-    NvmlReader,
-    missing_nvml_names,
-)
-from llm_watchdog.models import GpuEvent, GpuSample
 
-LOGGER = "llm_watchdog.gpu"
+LOGGER = "llm_watchdog.nvml.reader"
 
 
 class Clock:
@@ -96,7 +96,7 @@ def test_required_names_exist_in_the_real_binding_and_the_check_can_fail() -> No
 
 
 def test_importing_the_module_does_not_import_pynvml() -> None:
-    code = "import sys, llm_watchdog.gpu; print('pynvml' in sys.modules)"
+    code = "import sys, llm_watchdog.nvml.reader; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -497,7 +497,7 @@ def test_context_manager_starts_and_stops(clock: Clock) -> None:
 
 
 def test_worker_refuses_new_calls_while_one_hangs() -> None:
-    from llm_watchdog.gpu import NvmlTimeout, _NvmlWorker
+    from llm_watchdog.nvml.reader import NvmlTimeout, _NvmlWorker
 
     worker = _NvmlWorker()
     release = threading.Event()

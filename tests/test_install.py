@@ -5,9 +5,8 @@ from pathlib import Path
 
 import tomllib
 from click.testing import CliRunner
-
-from llm_watchdog.cli import cli
-from llm_watchdog.install import plan_install
+from llm_watchdog.cli.main import cli
+from llm_watchdog.daemon.install import plan_install
 
 
 def test_install_under_a_root_writes_unit_and_config(tmp_path):
@@ -15,7 +14,8 @@ def test_install_under_a_root_writes_unit_and_config(tmp_path):
     assert result.exit_code == 0, result.output
     unit = (tmp_path / "etc/systemd/system/llm-watchdog.service").read_text()
     assert (
-        f"ExecStart={sys.executable} -m llm_watchdog --config /etc/llm-watchdog/config.toml run" in unit
+        f"ExecStart={sys.executable} -m llm_watchdog --config /etc/llm-watchdog/config.toml run"
+        in unit
     )
     assert "RestartPreventExitStatus=78" in unit
     assert "StateDirectory=llm-watchdog" in unit

@@ -6,8 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
-from llm_watchdog.probeset import (
+from llm_watchdog.probe.sets import (
     ProbeSetError,
     Prompt,
     available_probe_sets,

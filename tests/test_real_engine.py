@@ -12,15 +12,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon.service import Daemon
+from llm_watchdog.drift import DriftMonitor, observation_from
+from llm_watchdog.probe.client import ProbeOptions, Prober
+from llm_watchdog.probe.engine import detect_engine
+from llm_watchdog.probe.sets import load_probe_set
+from llm_watchdog.store.db import Store
 
 from tests.llamacpp import LlamaServer, Unavailable
-from llm_watchdog.config import settings_from_dict
-from llm_watchdog.daemon import Daemon
-from llm_watchdog.drift import DriftMonitor, observation_from
-from llm_watchdog.engine import detect_engine
-from llm_watchdog.probe import ProbeOptions, Prober
-from llm_watchdog.probeset import load_probe_set
-from llm_watchdog.store import Store
 
 pytestmark = pytest.mark.real_engine
 
@@ -141,7 +141,6 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
     import subprocess
 
     import openai
-
     from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
     with GatewayServer(GatewayConfig(upstream_url=llama.url, listen_port=0)) as gw:
@@ -192,10 +191,10 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
 def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
     loop_server, tmp_path
 ):
-    from llm_watchdog.cli_judge import export_trace
+    from llm_watchdog.bench.loadgen import BatchLoad
+    from llm_watchdog.cli.judge import export_trace
     from llm_watchdog.drift import replay_file
     from llm_watchdog.gateway import GatewayConfig, GatewayServer
-    from llm_watchdog.loadgen import BatchLoad
 
     token = "real-engine-token"
     (tmp_path / "token").write_text(token)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.virtual import RunResult, run_virtual
 

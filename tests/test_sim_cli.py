@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-
 from llm_watchdog.sim.cli import sim, sweep_points
 from llm_watchdog.sim.controllers import (
     ControllerContext,

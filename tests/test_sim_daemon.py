@@ -6,13 +6,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
-from tests.test_sim_server import steady_decode_heat_scenario
 from llm_watchdog.config import settings_from_dict
-from llm_watchdog.daemon import Daemon
+from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.sim.gpu import THROTTLE_BITS
 from llm_watchdog.sim.server import SimLab
-from llm_watchdog.store import Store
+from llm_watchdog.store.db import Store
+
+from tests.test_sim_server import steady_decode_heat_scenario
 
 
 @pytest.mark.slow

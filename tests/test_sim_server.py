@@ -11,11 +11,10 @@ import time
 
 import httpx
 import pytest
-
-from llm_watchdog.engine import detect_engine
-from llm_watchdog.gpu import NvmlReader
-from llm_watchdog.probe import ProbeOptions, Prober
-from llm_watchdog.probeset import load_probe_set
+from llm_watchdog.nvml.reader import NvmlReader
+from llm_watchdog.probe.client import ProbeOptions, Prober
+from llm_watchdog.probe.engine import detect_engine
+from llm_watchdog.probe.sets import load_probe_set
 from llm_watchdog.sim.gpu import THROTTLE_BITS
 from llm_watchdog.sim.scenario import Scenario, load_scenario
 from llm_watchdog.sim.server import LabError, SimLab

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from llm_watchdog import stats
 
 

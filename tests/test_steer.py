@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from tests.streamserver import StreamServer
-from llm_watchdog.actuators import ReadBack
-from llm_watchdog.control import ControlConfig
+from llm_watchdog.actuators.base import ReadBack
+from llm_watchdog.control.law import ControlConfig
+from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
-from llm_watchdog.steer import Steer, gateway_steer
-from llm_watchdog.store import Store
+from llm_watchdog.store.db import Store
+
+from tests.streamserver import StreamServer
 
 TOKEN = "test-token"
 
@@ -124,7 +124,7 @@ class LyingActuator:
         self.written: int | None = None
 
     def apply(self, allowance: int, lease_s: float, reason: str):
-        from llm_watchdog.actuators import ApplyResult
+        from llm_watchdog.actuators.base import ApplyResult
 
         self.written = allowance
         return ApplyResult(True, allowance, "ok", lease_s)
@@ -133,7 +133,7 @@ class LyingActuator:
         return ReadBack(allowance=8, inflight=8)
 
     def verify(self, expected: int, *, check_inflight: bool = True):
-        from llm_watchdog.actuators import verify_with
+        from llm_watchdog.actuators.base import verify_with
 
         return verify_with(self, expected, check_inflight)
 

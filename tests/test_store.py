@@ -13,10 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlite_utils
-
-from llm_watchdog.migrations import MigrationError, discover, migrate
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
-from llm_watchdog.store import (
+from llm_watchdog.nvml.throttle import (
+    GPU_IDLE,
+    HW_POWER_BRAKE_SLOWDOWN,
+    SW_POWER_CAP,
+    SW_THERMAL_SLOWDOWN,
+)
+from llm_watchdog.store.db import (
     GPU_FIELDS,
     GPU_HISTORY_COLUMNS,
     PROBE_FIELDS,
@@ -26,7 +30,7 @@ from llm_watchdog.store import (
     probe_from_row,
     sample_from_row,
 )
-from llm_watchdog.throttle import GPU_IDLE, HW_POWER_BRAKE_SLOWDOWN, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+from llm_watchdog.store.migrations import MigrationError, discover, migrate
 
 T0 = 1_700_000_040.0  # a whole minute (1_700_000_040 = 28_333_334 * 60)
 H0 = 1_699_999_200  # a whole hour (472_222 * 3600)

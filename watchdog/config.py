@@ -137,7 +137,7 @@ class DriftSettings:
 
 @dataclass(frozen=True)
 class ControlSettings:
-    """The control loop that steers the batch allowance (llm_watchdog.control holds the law)."""
+    """The control loop that steers the batch allowance (llm_watchdog.control.law holds the law)."""
 
     enabled: bool = False
     # Decide and record every step, read the serving layer back, but never write: what the
@@ -199,7 +199,7 @@ class Settings:
         return out
 
     def control_config(self) -> Any:
-        from llm_watchdog.control import ControlConfig
+        from llm_watchdog.control.law import ControlConfig
 
         c = self.control
         return ControlConfig(

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from llm_watchdog.alerts import AlertEvent, AlertManager
+from llm_watchdog.bench.loadgen import BatchLoad
 from llm_watchdog.config import settings_from_dict
-from llm_watchdog.daemon import Daemon
-from llm_watchdog.engine import resolve_model
+from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
-from llm_watchdog.loadgen import BatchLoad
 from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.store import Store
-from llm_watchdog.throttle import reason_names
+from llm_watchdog.nvml.throttle import reason_names
+from llm_watchdog.probe.engine import resolve_model
+from llm_watchdog.store.db import Store
 
 
 @dataclass

@@ -3,7 +3,7 @@
 On each shipped scenario: no control, a conservative static allowance (the daemon's default,
 4), the best static allowance found by sweep (the highest batch throughput whose chat p95 is
 within target in ≥ 99 % of 1-minute windows), AIMD, Gradient2 (Netflix concurrency-limits),
-DESIGN.md's law as written, and ours (watchdog/control.py). Each runs the scenario's full
+DESIGN.md's law as written, and ours (watchdog/control/law.py). Each runs the scenario's full
 length with the same seed, which gives every controller the same chat, to the request (the
 lab draws chat and batch from separate streams); SLO windows start after the first 2
 minutes. The lab's gateway admits batch as the real one does, a raise ramped at its default
@@ -49,9 +49,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llm_watchdog.control_baselines import StaticController  # noqa: E402
-from llm_watchdog.control_sim import FACTORIES, INTERVAL_S, SimController  # noqa: E402
+from llm_watchdog.control.baselines import StaticController  # noqa: E402
 from llm_watchdog.sim.controllers import Controller, ControllerContext, Observation  # noqa: E402
+from llm_watchdog.sim.law import FACTORIES, INTERVAL_S, SimController  # noqa: E402
 from llm_watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
 from llm_watchdog.sim.virtual import run_virtual  # noqa: E402
 from llm_watchdog.stats import quantile  # noqa: E402

@@ -28,8 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llm_watchdog.models import Fingerprint, GpuSample, ProbeResult  # noqa: E402
-from llm_watchdog.store import Store  # noqa: E402
-from llm_watchdog.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN  # noqa: E402
+from llm_watchdog.nvml.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN  # noqa: E402
+from llm_watchdog.store.db import Store  # noqa: E402
 
 DAY = 86400
 PROBE_EVERY_S = 10

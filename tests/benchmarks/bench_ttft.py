@@ -42,8 +42,8 @@ from placement import split_cpus
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llm_watchdog.probe import ProbeOptions, Prober  # noqa: E402
-from llm_watchdog.probeset import load_probe_set  # noqa: E402
+from llm_watchdog.probe.client import ProbeOptions, Prober  # noqa: E402
+from llm_watchdog.probe.sets import load_probe_set  # noqa: E402
 
 DELAYS_MS = (0, 20, 50, 200)
 

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from llm_watchdog.alerts.events import KINDS, SEVERITIES
 from llm_watchdog.alerts.policy import AlertRules
 from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
@@ -232,7 +231,9 @@ def _sink(
         return CommandSink(argv, _duration(entry, "timeout", 30.0, where, positive=True), **common)
     logger_name = entry.get("logger", "llm_watchdog.alerts")
     if not isinstance(logger_name, str) or not logger_name:
-        raise AlertConfigError(f"{where}.logger", "expected a logger name such as llm_watchdog.alerts")
+        raise AlertConfigError(
+            f"{where}.logger", "expected a logger name such as llm_watchdog.alerts"
+        )
     return LogSink(logging.getLogger(logger_name), **common)
 
 

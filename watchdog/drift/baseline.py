@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from llm_watchdog import stats, throttle
+from llm_watchdog import stats
 from llm_watchdog.drift.values import Baseline, DriftConfig, Observation
+from llm_watchdog.nvml import throttle
 
 
 def is_warm_ok(obs: Observation) -> bool:

@@ -18,9 +18,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from llm_watchdog import stats, throttle
+from llm_watchdog import stats
 from llm_watchdog.drift.baseline import busy_clock
 from llm_watchdog.drift.values import Baseline, DriftConfig, Observation
+from llm_watchdog.nvml import throttle
 
 # NVML's own spelling, for text a person reads next to `nvidia-smi -q -d PERFORMANCE`.
 REASON_LABELS = {

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_watchdog import stats, throttle
+from llm_watchdog import stats
 from llm_watchdog.drift import heat, messages, watchers
 from llm_watchdog.drift.baseline import BaselineLearner, busy_clock
 from llm_watchdog.drift.cause import TelemetryWindow, attribute
@@ -28,6 +28,7 @@ from llm_watchdog.drift.values import (
     DriftEvent,
     Observation,
 )
+from llm_watchdog.nvml import throttle
 
 # The cause of an open event changes only after the new one has held for this many
 # consecutive probes, so one odd reading does not flip "thermal" to "load" and back.

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from llm_watchdog.probeset import ProbeSetError, Prompt, available_probe_sets, load_probe_set
+from llm_watchdog.probe.sets import ProbeSetError, Prompt, available_probe_sets, load_probe_set
 
 FILLER = (
     "The heat lab is answering with a fixed text so that every run is repeatable and every "

@@ -15,7 +15,6 @@ import threading
 from typing import Any
 
 import click
-
 from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
@@ -98,7 +97,8 @@ def serve(
         click.echo(f'  engine = "{engine}"')
         click.echo(f"the simulated card's state: {url}/sim/state  (metrics: {url}/metrics)")
         click.echo(
-            f'its NVML, for a daemon in another process: llm_watchdog.sim.remote.remote_nvml("{url}")'
+            "its NVML, for a daemon in another process: "
+            f'llm_watchdog.sim.remote.remote_nvml("{url}")'
         )
         click.echo("Ctrl-C stops it.")
         while not stop.wait(0.5):

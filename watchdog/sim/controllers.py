@@ -112,9 +112,10 @@ def controller_names() -> list[str]:
 
 
 def _load_project_controllers() -> None:
-    # The allowance law and its comparison baselines live outside the lab (llm_watchdog.control);
+    # The allowance law and its comparison baselines live outside the lab
+    # (llm_watchdog.control.law);
     # importing them here, late, keeps the lab free of a dependency it does not need to start.
-    from llm_watchdog import control_sim
+    from llm_watchdog.sim import law as control_sim
 
     control_sim.register()
 

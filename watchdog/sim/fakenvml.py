@@ -1,6 +1,6 @@
 """A pynvml-compatible module object over simulated GPUs.
 
-The project's NVML reader (watchdog/gpu.py) takes an NVML module as a parameter; hand it a
+The project's NVML reader (watchdog/nvml/reader.py) takes an NVML module as a parameter; hand it a
 `FakeNvml` and it reads a simulated card exactly as it reads a real one: the same function
 names and argument conventions, the real pynvml constants, `NVMLError` class and error codes
 (pynvml imports without a GPU), the real ctypes structures for utilisation and violation
@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import pynvml
-
 from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import GpuParams
 

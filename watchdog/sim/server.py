@@ -3,7 +3,7 @@ sockets, and a fake NVML module over the same simulated card, all on one clock.
 
     with SimLab("consumer-warm-room", time_scale=20, batch_streams=8) as lab:
         lab.url          # http://127.0.0.1:PORT (OpenAI API under /v1)
-        lab.nvml         # a pynvml-like module: hand it to llm_watchdog.gpu.NvmlReader
+        lab.nvml         # a pynvml-like module: hand it to llm_watchdog.nvml.reader.NvmlReader
         lab.set_batch_streams(4)     # the lab's own batch job: how many streams it wants
         lab.set_batch_allowance(2)   # a gateway-style cap on them (None: no cap)
 
@@ -34,11 +34,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
-
 from llm_watchdog import __version__
 from llm_watchdog.sim.answers import Answers
 from llm_watchdog.sim.engine import CANCELLED, DONE, Request
@@ -46,6 +41,10 @@ from llm_watchdog.sim.fakenvml import FakeNvml
 from llm_watchdog.sim.gpu import GpuSnapshot
 from llm_watchdog.sim.scenario import GpuParams, Scenario, load_scenario
 from llm_watchdog.sim.world import World
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 PREFIX_CACHE_ENTRIES = 256
 

@@ -33,7 +33,7 @@ then dies with "Server disconnected without sending a response". When a reused c
 before any response byte, the probe retries once on a fresh connection and records
 `connection="retried_stale"`.
 
-Stream rules (see `llm_watchdog.streams`): a server error event inside a 200 stream is
+Stream rules (see `llm_watchdog.probe.streams`): a server error event inside a 200 stream is
 `server_error`; a line that is not JSON is `protocol_error` even when the answer finished (the
 official OpenAI client raises on such a line, so a chat user would have seen a failure too),
 with the timings kept; a stream that ends without `[DONE]` is accepted when a choice had
@@ -53,11 +53,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
-from llm_watchdog.engine import api_root, connect_reason, models_url
 from llm_watchdog.models import ProbeResult
-from llm_watchdog.probeset import Prompt
-from llm_watchdog.streams import (
+from llm_watchdog.probe.engine import api_root, connect_reason, models_url
+from llm_watchdog.probe.sets import Prompt
+from llm_watchdog.probe.streams import (
     DONE,
     PROTOCOL_ERROR,
     SERVER_ERROR,

@@ -6,10 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 import click
-
-from llm_watchdog.cli import Fail, cli, reach_server, settings_from
+from llm_watchdog.cli.main import Fail, cli, reach_server, settings_from
+from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.gateway.cli import gateway
-from llm_watchdog.output import emit, listing_options
 from llm_watchdog.sim.cli import sim
 
 cli.add_command(sim)
@@ -60,10 +59,10 @@ def bench(
     The curve to choose a batch allowance from: sends real extraction-style batch requests
     (long documents, X-Traffic-Class: batch) while canary chat probes measure TTFT.
     """
-    from llm_watchdog.bench import run_bench
-    from llm_watchdog.daemon import probe_options
+    from llm_watchdog.bench.run import run_bench
+    from llm_watchdog.daemon.service import probe_options
     from llm_watchdog.durations import parse_duration
-    from llm_watchdog.probe import Prober
+    from llm_watchdog.probe.client import Prober
 
     settings = settings_from(ctx)
     try:

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
-from llm_watchdog.engine import api_root
+from llm_watchdog.probe.engine import api_root
 
 _WORDS = (
     "invoice contract supplier delivery payment amount total customer order shipment date "

@@ -1,7 +1,7 @@
 """Migration 4: the `control_actions` table, one row per decision of the allowance law.
 
-Rows come from `llm_watchdog.control.action_row` (the decision, its inputs and reason, and how
-the write went) and are completed by `llm_watchdog.control.verification_row` once the actuator's
+Rows come from `llm_watchdog.control.law.action_row` (the decision, its inputs and reason, and how
+the write went) and are completed by `llm_watchdog.control.law.verification_row` once the actuator's
 read-back has been checked a drain time later ("the flag you set is not the behaviour you
 get"). `verify_kind` is ok | not_effective | unreadable | unverified; NULL until checked, and
 for decisions that wrote nothing (holds).

@@ -12,10 +12,10 @@ from typing import Any
 from llm_watchdog.alerts import AlertEvent
 from llm_watchdog.drift import DriftEvent, DriftMonitor, observation_from
 from llm_watchdog.models import GpuEvent, GpuSample, ProbeResult
-from llm_watchdog.records import active_baseline, save_baseline, save_event
-from llm_watchdog.store import Store
+from llm_watchdog.store.db import Store
+from llm_watchdog.store.records import active_baseline, save_baseline, save_event
 
-log = logging.getLogger("llm_watchdog.judge")
+log = logging.getLogger("llm_watchdog.daemon.judge")
 
 # Drift event kinds as the alert rules name them.
 ALERT_KIND = {

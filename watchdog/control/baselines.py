@@ -1,7 +1,7 @@
 """The controllers ours is measured against: a static allowance, AIMD, and Gradient2.
 
 Each takes the same `ControlInput` and returns the same `ControlAction` as
-`llm_watchdog.control.AllowanceController`, so the daemon, `replay` and the heat lab can run any
+`llm_watchdog.control.law.AllowanceController`, so the daemon, `replay` and the heat lab can run any
 of them. They are baselines: faithful to how they are used elsewhere, not tuned here.
 
 - `StaticController(n)`: always n.
@@ -31,7 +31,7 @@ of them. They are baselines: faithful to how they are used elsewhere, not tuned 
 
 from __future__ import annotations
 
-from llm_watchdog.control import ControlAction, ControlConfig, ControlInput
+from llm_watchdog.control.law import ControlAction, ControlConfig, ControlInput
 from llm_watchdog.stats import quantile
 
 

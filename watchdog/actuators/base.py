@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
-
 from llm_watchdog.alerts.events import AlertEvent
 
 ENV_ALLOWANCE = "LLM_WATCHDOG_ALLOWANCE"

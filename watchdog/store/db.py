@@ -2,9 +2,10 @@
 
 One file, opened through sqlite-utils, in WAL mode (readers such as the CLI never block the
 daemon's writes), with a busy timeout for the moments two processes write at once. Schema
-changes are numbered migrations (`llm_watchdog.migrations`), applied on open. The queries on raw
-rows are in `llm_watchdog.store_rows`; the minute and hour rollups, retention and `history()` in
-`llm_watchdog.rollups`. Both are functions over the database that only `Store` calls.
+changes are numbered migrations (`llm_watchdog.store.migrations`), applied on open. The
+queries on raw rows are in `llm_watchdog.store.rows`; the minute and hour rollups, retention
+and `history()` in `llm_watchdog.store.rollups`. Both are functions over the database that
+only `Store` calls.
 
 Exceptions: everything the database can throw leaves this module as
 
@@ -30,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-
-from llm_watchdog import rollups, store_rows
-from llm_watchdog.migrations import MigrationError, migrate
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
-from llm_watchdog.rollups import (
+from llm_watchdog.store import rollups
+from llm_watchdog.store import rows as store_rows
+from llm_watchdog.store.migrations import MigrationError, migrate
+from llm_watchdog.store.rollups import (
     AUTO_1M_MAX_S,
     AUTO_RAW_MAX_S,
     GPU_BUCKET_COLUMNS,
@@ -44,7 +45,7 @@ from llm_watchdog.rollups import (
     RESOLUTIONS,
     _BitOr,
 )
-from llm_watchdog.store_rows import (
+from llm_watchdog.store.rows import (
     GPU_FIELDS,
     PROBE_FIELDS,
     _insert_sql,
@@ -262,7 +263,7 @@ class Store:
             cursor = db.execute(_insert_sql("gpu_events", cols), [getattr(ev, c) for c in cols])
             return int(cursor.lastrowid or 0)
 
-    # ---- reads (llm_watchdog.store_rows) ------------------------------------------------------
+    # ---- reads (llm_watchdog.store.rows) ------------------------------------------------------
 
     def probes(
         self, since_ts: float | None = None, until_ts: float | None = None, limit: int | None = None
@@ -306,7 +307,7 @@ class Store:
         with self._reading() as db:
             return store_rows.latest_fingerprint(db)
 
-    # ---- rollup and history (llm_watchdog.rollups) --------------------------------------------
+    # ---- rollup and history (llm_watchdog.store.rollups) ---------------------------------
 
     def rollup(self, now_ts: float, raw_retention_s: float) -> int:
         """Fold finished minutes and hours of raw rows into the rollup tables, then delete raw

@@ -6,7 +6,7 @@ raw rows past the window, so a year of history is some hundred megabytes and a y
 query reads 8,760 hourly rows. `history()` reads raw rows where they still exist and the
 rollups before that, or buckets throughout.
 
-Functions over an open database; `llm_watchdog.store.Store` calls them holding its lock (and,
+Functions over an open database; `llm_watchdog.store.db.Store` calls them holding its lock (and,
 for `rollup`, a transaction), and turns sqlite3 errors into StoreError.
 """
 
@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlite_utils
-
-from llm_watchdog.store_rows import _insert_sql, _probe_row
-from llm_watchdog.throttle import POWER_MASK, THERMAL_MASK
+from llm_watchdog.nvml.throttle import POWER_MASK, THERMAL_MASK
+from llm_watchdog.store.rows import _insert_sql, _probe_row
 
 
 def rollup(db: sqlite_utils.Database, now_ts: float, raw_retention_s: float) -> int:

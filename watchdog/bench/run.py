@@ -1,6 +1,6 @@
 """`llm-watchdog bench`: how chat TTFT on your server responds to batch concurrency.
 
-For each batch level, an extraction-style batch job (llm_watchdog.loadgen) keeps that many
+For each batch level, an extraction-style batch job (llm_watchdog.bench.loadgen) keeps that many
 streams busy while canary chat probes run back to back; the result is the curve a user
 needs to set a batch allowance: chat p50/p95 TTFT and batch output against batch streams.
 Measured on llama.cpp with SmolLM2-135M on 2 CPU cores, chat p95 went from 0.18 s alone to
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from llm_watchdog.loadgen import BatchLoad
-from llm_watchdog.probe import Prober
-from llm_watchdog.probeset import ProbeSet
+from llm_watchdog.bench.loadgen import BatchLoad
+from llm_watchdog.probe.client import Prober
+from llm_watchdog.probe.sets import ProbeSet
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """CLI commands of the judging side: `drift`, `baseline`, `alerts`, `replay`, and the trace
-export of `history`. Registered on the main group by `llm_watchdog.cli`."""
+export of `history`. Registered on the main group by `llm_watchdog.cli.main`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-
-from llm_watchdog.cli import ConfigFail, Fail, cli, open_store, settings_from, when_arg
-from llm_watchdog.output import emit, listing_options, stamp
+from llm_watchdog.cli.main import ConfigFail, Fail, cli, open_store, settings_from, when_arg
+from llm_watchdog.cli.output import emit, listing_options, stamp
 
 # ---- drift ----------------------------------------------------------------------------------
 
@@ -29,7 +28,7 @@ DRIFT_COLUMNS = ["start", "end", "kind", "cause", "baseline_p95_ms", "peak_p95_m
 @click.pass_context
 def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fmt: str) -> None:
     """Drift events (chat slowed, heat warning, quality, cold starts …) with cause and evidence."""
-    from llm_watchdog.records import events
+    from llm_watchdog.store.records import events
 
     settings = settings_from(ctx)
     now = time.time()
@@ -89,7 +88,7 @@ BASELINE_COLUMNS = [
 @click.pass_context
 def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """The baseline in use for each fingerprint (what 'normal' is)."""
-    from llm_watchdog.records import baselines
+    from llm_watchdog.store.records import baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -105,7 +104,7 @@ def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
 @click.pass_context
 def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
     """Retire the baseline; the daemon learns a new one from the next warm probes."""
-    from llm_watchdog.records import reset_baselines
+    from llm_watchdog.store.records import reset_baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -131,7 +130,7 @@ def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
 def baseline_capture(ctx: click.Context, duration: str, from_history: str | None) -> None:
     """Take a baseline explicitly, e.g. right after a known-good deploy."""
     from llm_watchdog.durations import parse_duration
-    from llm_watchdog.records import save_baseline
+    from llm_watchdog.store.records import save_baseline
 
     settings = settings_from(ctx)
     try:
@@ -166,7 +165,7 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
 
 def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
     from llm_watchdog.drift import observation_from
-    from llm_watchdog.store import probe_from_row, sample_from_row
+    from llm_watchdog.store.db import probe_from_row, sample_from_row
 
     fp = store.latest_fingerprint()
     if fp is None:
@@ -182,7 +181,7 @@ def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
 def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any]]:
     from dataclasses import replace
 
-    from llm_watchdog.daemon import Daemon
+    from llm_watchdog.daemon.service import Daemon
     from llm_watchdog.drift import observation_from
 
     quiet = replace(settings, drift=replace(settings.drift, enabled=False))
@@ -236,7 +235,7 @@ def _trace_columns() -> tuple[str, ...]:
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
     """Write recorded probes as a replay trace (the CSV contract of DESIGN.md)."""
-    from llm_watchdog.store import sample_from_row
+    from llm_watchdog.store.db import sample_from_row
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)

@@ -1,6 +1,6 @@
 """The estimates the allowance law runs on: p95 of chat TTFT, arrival rates, surges.
 
-Pure: samples and times in, numbers out; see watchdog/control.py for how they are used.
+Pure: samples and times in, numbers out; see watchdog/control/law.py for how they are used.
 """
 
 from __future__ import annotations

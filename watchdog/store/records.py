@@ -1,6 +1,6 @@
 """Drift baselines and events in the store: the SQL the CLI and the daemon share.
 
-The tables come from migration m002; only `llm_watchdog.store.Store` talks to SQLite, and these
+The tables come from migration m002; only `llm_watchdog.store.db.Store` talks to SQLite, and these
 helpers go through its `insert` / `execute` / `rows`.
 """
 
@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from llm_watchdog.drift import Baseline, DriftEvent
-from llm_watchdog.store import Store
+from llm_watchdog.store.db import Store
 
 
 def save_baseline(store: Store, baseline: Baseline) -> int:

@@ -1,4 +1,4 @@
-"""The controllers of `llm_watchdog.control` and `llm_watchdog.control_baselines` in the heat lab.
+"""The controllers of `llm_watchdog.control.law` and `llm_watchdog.control.baselines` in the lab.
 
 The lab's protocol (watchdog/sim/controllers.py) is `interval_s` and
 `decide(now_s, Observation) -> allowance`; ours is `step(ControlInput) -> ControlAction`.
@@ -6,7 +6,7 @@ The lab's protocol (watchdog/sim/controllers.py) is `interval_s` and
 kinds and read reasons afterwards.
 
 Names, for `llm-watchdog sim run --controller NAME[:ARG]` once `register()` has run (or, with
-no registration at all, as `llm_watchdog.control_sim:NAME[:ARG]`):
+no registration at all, as `llm_watchdog.sim.law:NAME[:ARG]`):
 
     ours[:k=v,...]       the allowance law with its additions (ControlConfig keys may be set)
     design[:k=v,...]     DESIGN.md's law as written (every addition off)
@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from llm_watchdog.control import (
+from llm_watchdog.control.baselines import AimdController, Gradient2Controller
+from llm_watchdog.control.law import (
     AllowanceController,
     ControlAction,
     ControlConfig,
@@ -27,7 +28,6 @@ from llm_watchdog.control import (
     GpuState,
     design_law,
 )
-from llm_watchdog.control_baselines import AimdController, Gradient2Controller
 from llm_watchdog.sim.controllers import (
     ControllerContext,
     ControllerError,

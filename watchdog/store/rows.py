@@ -1,6 +1,6 @@
 """Rows of the raw tables: their columns, SQLite values back to Python ones, and the reads.
 
-Functions over an open database; `llm_watchdog.store.Store` calls them holding its lock, and
+Functions over an open database; `llm_watchdog.store.db.Store` calls them holding its lock, and
 turns sqlite3 errors into StoreError.
 """
 
@@ -12,7 +12,6 @@ from dataclasses import fields
 from typing import Any
 
 import sqlite_utils
-
 from llm_watchdog.models import GpuSample, ProbeResult
 
 PROBE_FIELDS = tuple(f.name for f in fields(ProbeResult))

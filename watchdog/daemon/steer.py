@@ -1,6 +1,6 @@
 """The daemon's control loop: chat latency and GPU state in, the batch allowance out.
 
-Glue between the pure `llm_watchdog.control.AllowanceController`, an actuator (the gateway by
+Glue between the pure `llm_watchdog.control.law.AllowanceController`, an actuator (the gateway by
 default) and the store. Each step reads back what the serving layer has in force, asks the
 law, writes the result with a lease (so a dead daemon's last cut runs out and the default
 returns), records the decision with its inputs and reason, and a drain time after a write
@@ -18,9 +18,13 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
-
-from llm_watchdog.actuators import Actuator, ActuatorError, GatewayActuator, not_effective_event
-from llm_watchdog.control import (
+from llm_watchdog.actuators.base import (
+    Actuator,
+    ActuatorError,
+    GatewayActuator,
+    not_effective_event,
+)
+from llm_watchdog.control.law import (
     AllowanceController,
     ControlAction,
     ControlConfig,
@@ -30,9 +34,9 @@ from llm_watchdog.control import (
     verification_row,
 )
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.store import Store
+from llm_watchdog.store.db import Store
 
-log = logging.getLogger("llm_watchdog.steer")
+log = logging.getLogger("llm_watchdog.daemon.steer")
 
 # Holds are the law's most common answer; one stored per minute is enough to show it ran.
 HOLD_RECORD_EVERY_S = 60.0

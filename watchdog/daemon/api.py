@@ -14,7 +14,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger("llm_watchdog.api")
+log = logging.getLogger("llm_watchdog.daemon.api")
 
 # Histogram buckets for TTFT in seconds: 10 ms (a cached prompt on a small model) to 60 s
 # (a chat stuck behind a batch prefill on a throttled card).

@@ -23,21 +23,20 @@ from urllib.parse import urlsplit
 import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
-
-from llm_watchdog.api import ApiServer, ProbeMetrics
 from llm_watchdog.config import Settings
+from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
+from llm_watchdog.daemon.judge import Judge
 from llm_watchdog.drift import classify_cold
-from llm_watchdog.engine import EngineInfo, detect_engine, engine_slots, resolve_model
-from llm_watchdog.fingerprint import build_fingerprint, config_hash, describe_change
-from llm_watchdog.gpu import NvmlReader
-from llm_watchdog.judge import Judge
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
-from llm_watchdog.probe import ProbeOptions, Prober
-from llm_watchdog.probeset import ProbeSet, load_probe_set
-from llm_watchdog.procinfo import listening_process_cmdline
-from llm_watchdog.store import Store
+from llm_watchdog.nvml.reader import NvmlReader
+from llm_watchdog.probe.client import ProbeOptions, Prober
+from llm_watchdog.probe.engine import EngineInfo, detect_engine, engine_slots, resolve_model
+from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
+from llm_watchdog.probe.procinfo import listening_process_cmdline
+from llm_watchdog.probe.sets import ProbeSet, load_probe_set
+from llm_watchdog.store.db import Store
 
-log = logging.getLogger("llm_watchdog.daemon")
+log = logging.getLogger("llm_watchdog.daemon.service")
 
 # Exit status when start-up fails (uvicorn uses 3 the same way): distinct from a crash (1)
 # and from a bad config (78), so systemd's RestartPreventExitStatus= can tell them apart.
@@ -426,8 +425,8 @@ class Daemon:
 
 def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
     """The control loop over the configured actuator."""
-    from llm_watchdog.actuators import CommandActuator, HaproxyActuator
-    from llm_watchdog.steer import Steer, gateway_steer
+    from llm_watchdog.actuators.base import CommandActuator, HaproxyActuator
+    from llm_watchdog.daemon.steer import Steer, gateway_steer
 
     c = settings.control
     config = settings.control_config()

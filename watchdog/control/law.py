@@ -97,9 +97,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llm_watchdog.control_signals import LogEwma, SurgeDetector
+from llm_watchdog.control.signals import LogEwma, SurgeDetector
+from llm_watchdog.nvml.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reason_names
 from llm_watchdog.stats import quantile
-from llm_watchdog.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reason_names
 
 KINDS = ("cut", "halve", "grow", "hold", "freeze")
 FREEZE_MODES = ("throttled", "falling", "off")

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-
 from llm_watchdog import __version__
+from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import EX_CONFIG, ConfigError, Settings, example_config, load_settings
-from llm_watchdog.output import emit, listing_options, stamp
-from llm_watchdog.timeargs import parse_when
 
 EXIT_FAILURE = 1
 
@@ -58,7 +57,7 @@ def when_arg(text: str | None, now: float) -> float | None:
 def open_store(settings: Settings, must_exist: bool = True) -> Any:
     from pathlib import Path
 
-    from llm_watchdog.store import Store, StoreError
+    from llm_watchdog.store.db import Store, StoreError
 
     path = Path(settings.storage.path)
     if must_exist and not path.exists():
@@ -169,8 +168,8 @@ def probe(
     """
     from dataclasses import replace
 
-    from llm_watchdog.daemon import probe_options
-    from llm_watchdog.probe import Prober
+    from llm_watchdog.daemon.service import probe_options
+    from llm_watchdog.probe.client import Prober
 
     settings = settings_from(ctx)
     server = replace(
@@ -225,15 +224,15 @@ class Target:
 
     probe_set: Any
     api_key: str | None
-    info: Any  # llm_watchdog.engine.EngineInfo
+    info: Any  # llm_watchdog.probe.engine.EngineInfo
     model: str
     engine: str
 
 
 def reach_server(settings: Settings) -> Target:
     """Load the probe set, reach `server.url`, pick the model and engine; one-line errors."""
-    from llm_watchdog.engine import detect_engine
-    from llm_watchdog.probeset import ProbeSetError, load_probe_set
+    from llm_watchdog.probe.engine import detect_engine
+    from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
 
     server = settings.server
     try:
@@ -290,16 +289,16 @@ def run(ctx: click.Context) -> None:
     """Run the watchdog daemon in the foreground (what the systemd unit starts)."""
     from pathlib import Path
 
-    from llm_watchdog.daemon import EXIT_STARTUP_FAILED, Daemon
+    from llm_watchdog.daemon.service import EXIT_STARTUP_FAILED, Daemon
     from llm_watchdog.logs import setup_logging
-    from llm_watchdog.probeset import ProbeSetError
+    from llm_watchdog.probe.sets import ProbeSetError
 
     settings = settings_from(ctx)
     setup_logging(settings.logging.level, settings.logging.format)
     _api_key(settings)
     Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
     store = open_store(settings, must_exist=False)
-    from llm_watchdog.cli_judge import build_alerts
+    from llm_watchdog.cli.judge import build_alerts
 
     alert_manager = build_alerts(settings, store)
     try:
@@ -350,7 +349,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             if last and last.get("fingerprint_id")
             else store.latest_fingerprint()
         )
-        from llm_watchdog.records import active_baseline, events
+        from llm_watchdog.store.records import active_baseline, events
 
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
@@ -379,7 +378,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if not gpus:
         click.echo("gpu          no samples (latency-only mode or no GPU)")
     for g in gpus:
-        from llm_watchdog.throttle import reason_names
+        from llm_watchdog.nvml.throttle import reason_names
 
         reasons = ",".join(reason_names(g.get("throttle_reasons") or 0)) or "none"
         click.echo(
@@ -503,8 +502,8 @@ def history(
     fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
-    from llm_watchdog.store import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
-    from llm_watchdog.throttle import reason_names
+    from llm_watchdog.nvml.throttle import reason_names
+    from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
 
     settings = settings_from(ctx)
     now = time.time()
@@ -521,7 +520,7 @@ def history(
         emit(rows[-limit:] if limit else rows, CONTROL_COLUMNS, fmt)
         return
     if export_to:
-        from llm_watchdog.cli_judge import export_trace_to
+        from llm_watchdog.cli.judge import export_trace_to
 
         export_trace_to(settings, export_to, since_ts, until_ts)
         return
@@ -550,8 +549,8 @@ def history(
 
 def _register_commands() -> None:
     # The judging side's commands live in their own module; importing it adds them to `cli`.
-    import llm_watchdog.cli_judge  # noqa: F401
-    import llm_watchdog.cli_lab  # noqa: F401
+    import llm_watchdog.cli.judge  # noqa: F401
+    import llm_watchdog.cli.lab  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -583,7 +582,7 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
     """Install the systemd service (and a config to edit, if there is none) and start it."""
     from pathlib import Path
 
-    from llm_watchdog.install import apply, plan_install
+    from llm_watchdog.daemon.install import apply, plan_install
 
     rooted = Path(root).resolve() != Path("/")
     plan = plan_install(

@@ -31,7 +31,7 @@ REQUIRED_NVML_FUNCTIONS and REQUIRED_NVML_CONSTANTS, checked by `missing_nvml_na
     nvmlDeviceGetUtilizationRates(h) -> object with .gpu and .memory (%)
     nvmlDeviceGetFanSpeed(h) -> %
     nvmlDeviceGetPerformanceState(h) -> 0..15, or NVML_PSTATE_UNKNOWN
-    nvmlDeviceGetCurrentClocksEventReasons(h) -> bitmask (llm_watchdog.throttle)
+    nvmlDeviceGetCurrentClocksEventReasons(h) -> bitmask (llm_watchdog.nvml.throttle)
         (older bindings: nvmlDeviceGetCurrentClocksThrottleReasons, used when the first is absent)
     nvmlDeviceGetViolationStatus(h, NVML_PERF_POLICY_THERMAL | NVML_PERF_POLICY_POWER)
         -> object with .violationTime (ns, cumulative)

@@ -154,7 +154,7 @@ STATEMENTS = [
         fan_mean_pct REAL,
         pstate_max INTEGER,  -- highest P-state number: the slowest state seen
         throttle_reasons INTEGER,  -- OR of every sample's reasons
-        thermal_n INTEGER,  -- samples with a thermal reason bit (llm_watchdog.throttle)
+        thermal_n INTEGER,  -- samples with a thermal reason bit (llm_watchdog.nvml.throttle)
         power_n INTEGER,  -- samples with a power reason bit
         thermal_violation_ms REAL,  -- sums over the bucket
         power_violation_ms REAL,
