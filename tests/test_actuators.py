@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llm_watchdog.actuators.base import (
     ENV_ALLOWANCE,
     ENV_LEASE_S,
@@ -34,7 +35,6 @@ from llm_watchdog.actuators.base import (
     not_effective_event,
 )
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
-
 from tests.streamserver import StreamServer, closed_port_url
 
 TOKEN = "s3cret-control-token"

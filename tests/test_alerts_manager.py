@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlite_utils
+
 from llm_watchdog.alerts.config import AlertConfig
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, as_recorder, attempt_row

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.policy import AlertPolicy, AlertRules, resolved_message
 

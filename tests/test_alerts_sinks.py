@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llm_watchdog.alerts.config import (
     AlertConfig,
     AlertConfigError,

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llm_watchdog.alerts.config import AlertConfig
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, send_test

@@ -3,12 +3,10 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+
 from llm_watchdog.bench.loadgen import BatchLoad, document, extraction_messages
-from llm_watchdog.cli.main import _register_commands, cli
-
+from llm_watchdog.cli import cli
 from tests.streamserver import StreamServer
-
-_register_commands()
 
 
 def test_documents_are_unique_and_sized():

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from llm_watchdog.cli.main import _register_commands, cli
+
+from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
-
 from tests.fakenvml import scenario_basic
 from tests.streamserver import StreamServer, closed_port_url
-
-_register_commands()
 
 
 def invoke(*args: str, env: dict | None = None):

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import (
     EX_CONFIG,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import sqlite_utils
+
 from llm_watchdog.control.baselines import (
     AimdController,
     ExpAvg,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
-
 from tests.fakenvml import scenario_basic
 from tests.streamserver import StreamServer, closed_port_url
 

@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+
 from llm_watchdog.demo import DemoOptions, run_demo, summary
 from llm_watchdog.nvml.throttle import THERMAL_MASK
 from llm_watchdog.store.db import Store

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llm_watchdog.drift import classify_cold
 
 T = 1_700_000_000.0

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.drift import DriftConfig, DriftMonitor
 from llm_watchdog.drift.replay import (
     ReplayError,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import sqlite_utils
+
 from llm_watchdog.drift import Baseline, DriftEvent
 from llm_watchdog.store.migrations import migrate
 

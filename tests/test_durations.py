@@ -6,6 +6,7 @@ Alert and drift lines are built from these; a change here changes what people re
 from __future__ import annotations
 
 import pytest
+
 from llm_watchdog.durations import (
     format_duration,
     human_duration,

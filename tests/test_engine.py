@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.probe.engine import (
     EngineInfo,
     ModelResolveError,
@@ -14,7 +15,6 @@ from llm_watchdog.probe.engine import (
     models_url,
     resolve_model,
 )
-
 from tests.streamserver import StreamServer, closed_port_url, unanswering_port
 
 LLAMACPP = Path(__file__).resolve().parent.parent / "data" / "fixtures" / "llamacpp"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from llm_watchdog.models import Fingerprint
 from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
 

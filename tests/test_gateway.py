@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
 TOKEN = "s3cret-control-token"

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+
 from llm_watchdog.gateway.cli import gateway, parse_listen, read_key_classes
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llm_watchdog.gateway import Gateway, GatewayConfig, read_token
 from llm_watchdog.gateway.admission import Allowance, ClassGate
 from llm_watchdog.gateway.control import parse_put

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
+
 from llm_watchdog.models import GpuEvent, GpuSample
 from llm_watchdog.nvml import throttle
 from llm_watchdog.nvml.reader import (
@@ -19,7 +20,6 @@ from llm_watchdog.nvml.reader import (
     NvmlReader,
     missing_nvml_names,
 )
-
 from tests.fakenvml import (
     FakeGpu,
     FakeNvml,

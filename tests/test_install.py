@@ -5,7 +5,8 @@ from pathlib import Path
 
 import tomllib
 from click.testing import CliRunner
-from llm_watchdog.cli.main import cli
+
+from llm_watchdog.cli import cli
 from llm_watchdog.daemon.install import plan_install
 
 

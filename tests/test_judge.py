@@ -9,16 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
+
 from llm_watchdog.alerts import AlertManager, load_alerts
-from llm_watchdog.cli.main import _register_commands, cli
+from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
-
 from tests.fakenvml import scenario_basic
 from tests.streamserver import StreamServer
-
-_register_commands()
 
 
 class Hook:

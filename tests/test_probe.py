@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from llm_watchdog.models import ERROR_CLASSES, ProbeResult
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.sets import Prompt, load_probe_set
-
 from tests.streamserver import StreamServer, closed_port_url, unanswering_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "data" / "fixtures"

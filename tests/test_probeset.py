@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.probe.sets import (
     ProbeSetError,
     Prompt,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import DriftMonitor, observation_from
@@ -19,7 +20,6 @@ from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import load_probe_set
 from llm_watchdog.store.db import Store
-
 from tests.llamacpp import LlamaServer, Unavailable
 
 pytestmark = pytest.mark.real_engine
@@ -141,6 +141,7 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
     import subprocess
 
     import openai
+
     from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
     with GatewayServer(GatewayConfig(upstream_url=llama.url, listen_port=0)) as gw:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.virtual import RunResult, run_virtual
 

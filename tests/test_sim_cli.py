@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+
 from llm_watchdog.sim.cli import sim, sweep_points
 from llm_watchdog.sim.controllers import (
     ControllerContext,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+
 from llm_watchdog.sim.cli import sim
 from llm_watchdog.sim.controllers import controller_names
 

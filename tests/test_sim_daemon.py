@@ -6,12 +6,12 @@ from __future__ import annotations
 import statistics
 
 import pytest
+
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.sim.gpu import THROTTLE_BITS
 from llm_watchdog.sim.server import SimLab
 from llm_watchdog.store.db import Store
-
 from tests.test_sim_server import steady_decode_heat_scenario
 
 

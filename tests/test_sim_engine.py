@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from llm_watchdog.sim.engine import DONE, Engine, Request
 from llm_watchdog.sim.scenario import EngineParams, load_scenario
 from llm_watchdog.sim.virtual import run_virtual

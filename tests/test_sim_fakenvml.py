@@ -6,6 +6,7 @@ import dataclasses
 
 import pynvml
 import pytest
+
 from llm_watchdog.nvml.reader import REQUIRED_NVML_FUNCTIONS, NvmlReader, missing_nvml_names
 from llm_watchdog.sim.fakenvml import FakeNvml, StandaloneDevice
 from llm_watchdog.sim.gpu import SW_THERMAL_SLOWDOWN

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 import pytest
+
 from llm_watchdog.sim.gpu import (
     GPU_IDLE,
     HW_POWER_BRAKE_SLOWDOWN,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.resources import bundled_dir
 from llm_watchdog.sim.scenario import ScenarioError, available_scenarios, load_scenario
 

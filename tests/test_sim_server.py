@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+
 from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.engine import detect_engine

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from llm_watchdog import stats
 
 

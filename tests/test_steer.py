@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from llm_watchdog.actuators.base import ReadBack
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.store.db import Store
-
 from tests.streamserver import StreamServer
 
 TOKEN = "test-token"

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlite_utils
+
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.throttle import (
     GPU_IDLE,

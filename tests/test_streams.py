@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from llm_watchdog.probe.streams import (
     CHUNK,
     DONE,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+
 from llm_watchdog.nvml import throttle
 
 # (bit, name, thermal, power, throttled)

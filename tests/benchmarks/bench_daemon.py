@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench_gateway import gateway_process  # noqa: E402
+
 from llm_watchdog.alerts import AlertManager, LogSink  # noqa: E402
 from llm_watchdog.config import settings_from_dict  # noqa: E402
 from llm_watchdog.daemon.service import Daemon  # noqa: E402
 from llm_watchdog.store.db import Store  # noqa: E402
-
 from tests.fakenvml import scenario_basic  # noqa: E402
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+
 from llm_watchdog.alerts.events import AlertEvent
 
 ENV_ALLOWANCE = "LLM_WATCHDOG_ALLOWANCE"

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from llm_watchdog.alerts.events import KINDS, SEVERITIES
 from llm_watchdog.alerts.policy import AlertRules
 from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink

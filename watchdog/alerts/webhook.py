@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.sinks import BaseSink, DeliveryError, alert_json, dumps
 

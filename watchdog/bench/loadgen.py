@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from llm_watchdog.probe.engine import api_root
 
 _WORDS = (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from llm_watchdog.bench.loadgen import BatchLoad
 from llm_watchdog.probe.client import Prober
 from llm_watchdog.probe.sets import ProbeSet

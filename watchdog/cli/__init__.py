@@ -1,5 +1,15 @@
-"""The `llm-watchdog` command line: the group and its helpers, one module per command family."""
+"""The `llm-watchdog` command line: a thin click layer over the library.
 
-from llm_watchdog.cli.main import main
+`group` holds the click group and what commands share; each other module adds one family of
+commands to it when imported, so importing this package builds the whole command line.
+"""
 
-__all__ = ["main"]
+from llm_watchdog.cli import history, judge, lab, probe, service  # noqa: F401  (registers)
+from llm_watchdog.cli.group import cli
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="llm-watchdog", obj={})
+
+
+__all__ = ["cli", "main"]

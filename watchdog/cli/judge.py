@@ -1,5 +1,5 @@
 """CLI commands of the judging side: `drift`, `baseline`, `alerts`, `replay`, and the trace
-export of `history`. Registered on the main group by `llm_watchdog.cli.main`."""
+export of `history`. Registered on the group by importing `llm_watchdog.cli`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-from llm_watchdog.cli.main import ConfigFail, Fail, cli, open_store, settings_from, when_arg
+
+from llm_watchdog.cli.group import ConfigFail, Fail, cli, open_store, settings_from, when_arg
 from llm_watchdog.cli.output import emit, listing_options, stamp
 
 # ---- drift ----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from llm_watchdog.cli.main import Fail, cli, reach_server, settings_from
+
+from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.gateway.cli import gateway
 from llm_watchdog.sim.cli import sim

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
+
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+
 from llm_watchdog.actuators.base import (
     Actuator,
     ActuatorError,

@@ -17,14 +17,15 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.routing import Route
+
 from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
 from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import Observer
 from llm_watchdog.gateway.proxy import Proxy, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
-from starlette.applications import Starlette
-from starlette.routing import Route
 
 log = logging.getLogger("llm_watchdog.gateway")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.gateway.config import (
     CLASSES,

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+
 from llm_watchdog.gateway.app import Gateway, create_app
 from llm_watchdog.gateway.config import GatewayConfig
 

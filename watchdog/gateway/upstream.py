@@ -26,6 +26,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import h11
+
 from llm_watchdog.gateway.config import GatewayConfig
 
 # Idle connections kept per engine; more than the engine runs at once is of no use.

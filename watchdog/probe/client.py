@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.probe.engine import api_root, connect_reason, models_url
 from llm_watchdog.probe.sets import Prompt

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import click
+
 from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario

@@ -96,44 +96,48 @@ def _static(arg: str | None, ctx: ControllerContext) -> Controller:
     return StaticAllowance(n)
 
 
-_REGISTRY: dict[str, ControllerFactory] = {"none": _none, "static": _static}
+# The project's own controllers are named by import string, as uvicorn names its protocols:
+# the lab loads the allowance law only when a run asks for it, and needs no import of it.
+_REGISTRY: dict[str, ControllerFactory | str] = {
+    "none": _none,
+    "static": _static,
+    "ours": "llm_watchdog.sim.law:ours",
+    "design": "llm_watchdog.sim.law:design",
+    "aimd": "llm_watchdog.sim.law:aimd",
+    "gradient2": "llm_watchdog.sim.law:gradient2",
+}
 
 
-def register_controller(name: str, factory: ControllerFactory) -> None:
-    """Make `factory` available as `--controller name[:ARG]`."""
+def register_controller(name: str, factory: ControllerFactory | str) -> None:
+    """Make `factory` (or a `package.module:attribute` naming it) available as `--controller
+    name[:ARG]`."""
     if not name or ":" in name or "." in name:
         raise ControllerError(f"controller name {name!r} must be a plain word")
     _REGISTRY[name] = factory
 
 
 def controller_names() -> list[str]:
-    _load_project_controllers()
     return sorted(_REGISTRY)
 
 
-def _load_project_controllers() -> None:
-    # The allowance law and its comparison baselines live outside the lab
-    # (llm_watchdog.control.law);
-    # importing them here, late, keeps the lab free of a dependency it does not need to start.
-    from llm_watchdog.sim import law as control_sim
-
-    control_sim.register()
+def _resolve(spec: str, path: str) -> ControllerFactory:
+    module, _, attr = path.partition(":")
+    try:
+        factory: ControllerFactory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ControllerError(f"controller {spec!r}: cannot load {module}:{attr} ({exc})") from exc
+    return factory
 
 
 def make_controller(spec: str, ctx: ControllerContext) -> Controller:
     """`none`, `static:4`, a registered `name[:ARG]`, or `package.module:factory[:ARG]`."""
-    _load_project_controllers()
     name, _, arg = spec.partition(":")
     if "." in name:
         attr, _, arg = arg.partition(":")
-        try:
-            factory = getattr(importlib.import_module(name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ControllerError(
-                f"controller {spec!r}: cannot load {name}:{attr} ({exc})"
-            ) from exc
+        factory = _resolve(spec, f"{name}:{attr}")
     elif name in _REGISTRY:
-        factory = _REGISTRY[name]
+        entry = _REGISTRY[name]
+        factory = _resolve(spec, entry) if isinstance(entry, str) else entry
     else:
         raise ControllerError(
             f"unknown controller {name!r} (known: {', '.join(controller_names())}; "

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import pynvml
+
 from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import GpuParams
 

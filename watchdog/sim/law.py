@@ -5,8 +5,9 @@ The lab's protocol (watchdog/sim/controllers.py) is `interval_s` and
 `SimController` is the adapter between them and keeps every action, so a benchmark can count
 kinds and read reasons afterwards.
 
-Names, for `llm-watchdog sim run --controller NAME[:ARG]` once `register()` has run (or, with
-no registration at all, as `llm_watchdog.sim.law:NAME[:ARG]`):
+Names, for `llm-watchdog sim run --controller NAME[:ARG]` (the lab's registry names each by
+import string, so the lab needs no import of this module), or as
+`llm_watchdog.sim.law:NAME[:ARG]`:
 
     ours[:k=v,...]       the allowance law with its additions (ControlConfig keys may be set)
     design[:k=v,...]     DESIGN.md's law as written (every addition off)

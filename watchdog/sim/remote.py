@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pynvml
+
 from llm_watchdog.sim.fakenvml import FakeNvml
 from llm_watchdog.sim.gpu import GpuSnapshot
 from llm_watchdog.sim.scenario import GpuParams

@@ -34,6 +34,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
 from llm_watchdog import __version__
 from llm_watchdog.sim.answers import Answers
 from llm_watchdog.sim.engine import CANCELLED, DONE, Request
@@ -41,10 +46,6 @@ from llm_watchdog.sim.fakenvml import FakeNvml
 from llm_watchdog.sim.gpu import GpuSnapshot
 from llm_watchdog.sim.scenario import GpuParams, Scenario, load_scenario
 from llm_watchdog.sim.world import World
-from starlette.applications import Starlette
-from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 PREFIX_CACHE_ENTRIES = 256
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
 from llm_watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
 from llm_watchdog.models import GpuSample
 from llm_watchdog.sim.controllers import (

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.store import rollups
 from llm_watchdog.store import rows as store_rows

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlite_utils
+
 from llm_watchdog.nvml.throttle import POWER_MASK, THERMAL_MASK
 from llm_watchdog.store.rows import _insert_sql, _probe_row
 

@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Any
 
 import sqlite_utils
+
 from llm_watchdog.models import GpuSample, ProbeResult
 
 PROBE_FIELDS = tuple(f.name for f in fields(ProbeResult))

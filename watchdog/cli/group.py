@@ -1,0 +1,135 @@
+"""The `llm-watchdog` group and what its commands share: settings, the store, the server.
+
+Exit codes: 0 ok, 1 failure, 2 usage, 78 configuration (sysexits EX_CONFIG).
+Every error is one line on stderr that says what to do next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llm_watchdog import __version__
+from llm_watchdog.cli.timeargs import parse_when
+from llm_watchdog.config import EX_CONFIG, ConfigError, Settings, load_settings
+
+EXIT_FAILURE = 1
+
+
+class Fail(click.ClickException):
+    """A failure the user can act on: one line, exit 1."""
+
+    exit_code = EXIT_FAILURE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"llm-watchdog: {self.message}", err=True)
+
+
+class ConfigFail(Fail):
+    exit_code = EX_CONFIG
+
+
+def settings_from(ctx: click.Context) -> Settings:
+    obj = ctx.ensure_object(dict)
+    if "settings" not in obj:
+        try:
+            obj["settings"] = load_settings(obj.get("config_path"))
+        except ConfigError as exc:
+            raise ConfigFail(str(exc)) from None
+    return obj["settings"]
+
+
+def when_arg(text: str | None, now: float) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_when(text, now)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def open_store(settings: Settings, must_exist: bool = True) -> Any:
+
+    from llm_watchdog.store.db import Store, StoreError
+
+    path = Path(settings.storage.path)
+    if must_exist and not path.exists():
+        raise Fail(
+            f"no database at {path}: start the daemon (`llm-watchdog run`) first, "
+            "or point --config / storage.path at the right file"
+        )
+    try:
+        return Store(path)
+    except StoreError as exc:
+        raise Fail(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    envvar="LLM_WATCHDOG_CONFIG",
+    help="Config file (default /etc/llm-watchdog/config.toml; env LLM_WATCHDOG_CONFIG).",
+)
+@click.version_option(__version__, prog_name="llm-watchdog")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """Keep chat fast on a GPU shared with a batch job."""
+    ctx.ensure_object(dict)["config_path"] = config_path
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server the CLI is about to probe: reachable, with its model and engine known."""
+
+    probe_set: Any
+    api_key: str | None
+    info: Any  # llm_watchdog.probe.engine.EngineInfo
+    model: str
+    engine: str
+
+
+def reach_server(settings: Settings) -> Target:
+    """Load the probe set, reach `server.url`, pick the model and engine; one-line errors."""
+    from llm_watchdog.probe.engine import detect_engine
+    from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
+
+    server = settings.server
+    try:
+        pset = load_probe_set(settings.probe.probe_set)
+    except ProbeSetError as exc:
+        raise Fail(str(exc)) from None
+    api_key = api_key_or_fail(settings)
+    info = detect_engine(server.url, api_key=api_key)
+    if info.engine == "unreachable":
+        raise Fail(_unreachable(server.url, info))
+    model = server.model
+    if model == "auto":
+        if not info.models:
+            raise Fail(f"{server.url} lists no models at /v1/models: pass --model NAME")
+        model = info.models[0]
+    engine = server.engine if server.engine != "auto" else info.engine
+    return Target(pset, api_key, info, model, engine)
+
+
+def api_key_or_fail(settings: Settings) -> str | None:
+    try:
+        return settings.api_key()
+    except ConfigError as exc:
+        raise ConfigFail(str(exc)) from None
+
+
+def _unreachable(url: str, info: Any) -> str:
+    detail = info.props.get("error") if isinstance(info.props, dict) else None
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return (
+        f"cannot reach {url}"
+        + (f" ({detail})" if detail else "")
+        + f": is the server running? try `curl {base}/v1/models`"
+    )

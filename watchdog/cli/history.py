@@ -1,0 +1,231 @@
+"""CLI commands that read what the daemon recorded: `status`, `history`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from llm_watchdog.cli.group import (
+    cli,
+    open_store,
+    settings_from,
+    when_arg,
+)
+from llm_watchdog.cli.output import emit, listing_options, stamp
+
+# ---- status / history -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON object.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Last probe, last GPU sample per GPU, the fingerprint, and the database path."""
+    settings = settings_from(ctx)
+    with open_store(settings) as store:
+        last = store.last_probe()
+        gpus = store.last_gpu_samples()
+        fp = (
+            store.fingerprint(last["fingerprint_id"])
+            if last and last.get("fingerprint_id")
+            else store.latest_fingerprint()
+        )
+        from llm_watchdog.store.records import active_baseline, events
+
+        stored = active_baseline(store, fp["id"]) if fp else None
+        baseline = stored.to_dict() if stored else None
+        open_events = [e for e in events(store) if e["end_ts"] is None]
+    data = {
+        "database": settings.storage.path,
+        "last_probe": last,
+        "gpus": gpus,
+        "fingerprint": fp,
+        "baseline": baseline,
+        "open_events": open_events,
+    }
+    if as_json:
+        click.echo(json.dumps(data, default=str, indent=2))
+        return
+    click.echo(f"database     {settings.storage.path}")
+    if last:
+        verdict = "ok" if last["ok"] else f"FAILED ({last['error_class']})"
+        ttft = f"{last['ttft_ms']:.1f} ms" if last.get("ttft_ms") is not None else "-"
+        click.echo(
+            f"last probe   {stamp(last['ts'])}  {last['prompt_id']}  {verdict}  "
+            f"TTFT {ttft}{'  (cold)' if last.get('cold') else ''}"
+        )
+    else:
+        click.echo("last probe   none yet")
+    if not gpus:
+        click.echo("gpu          no samples (latency-only mode or no GPU)")
+    for g in gpus:
+        from llm_watchdog.nvml.throttle import reason_names
+
+        reasons = ",".join(reason_names(g.get("throttle_reasons") or 0)) or "none"
+        click.echo(
+            f"gpu {g['gpu_index']}        {stamp(g['ts'])}  {_f(g.get('temp_c'), '°C')}  "
+            f"SM {_f(g.get('sm_clock_mhz'))}/{_f(g.get('sm_clock_max_mhz'))} MHz  "
+            f"{_f(g.get('power_w'), 'W')}/{_f(g.get('power_limit_w'), 'W')}  "
+            f"reasons {reasons}"
+        )
+    if fp:
+        click.echo(
+            f"fingerprint  {fp['id']}: {fp['engine']} {fp['engine_version']}, model "
+            f"{fp['model']}, driver {fp['driver_version']}, GPU {fp['gpu_name']}"
+        )
+        click.echo(f"launch       {fp['launch_command']}")
+    if baseline:
+        click.echo(
+            f"baseline     TTFT p50 {baseline['ttft_p50_ms']:.0f} ms, p95 "
+            f"{baseline['ttft_p95_ms']:.0f} ms from {baseline['n']} probes "
+            f"({baseline['source']}, {stamp(baseline['created_ts'])})"
+        )
+    else:
+        click.echo("baseline     none yet (learned from the first warm probes)")
+    for e in open_events:
+        click.echo(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
+
+
+def _f(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}{' ' + unit if unit else ''}"
+
+
+HISTORY_COLUMNS = [
+    "time",
+    "prompt_id",
+    "ok",
+    "cold",
+    "ttft_ms",
+    "total_ms",
+    "output_tokens",
+    "quality_pass",
+    "error_class",
+]
+GPU_COLUMNS = [
+    "time",
+    "gpu_index",
+    "temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "power_w",
+    "power_limit_w",
+    "util_gpu_pct",
+    "throttle_reasons",
+    "reasons",
+]
+CONTROL_COLUMNS = [
+    "time",
+    "kind",
+    "allowance_before",
+    "allowance_after",
+    "p95_est_ms",
+    "applied",
+    "verify_kind",
+    "reason",
+]
+BUCKET_COLUMNS = [
+    "time",
+    "span_s",
+    "n",
+    "ok_n",
+    "cold_n",
+    "quality_fail_n",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_max_ms",
+    "errors",
+]
+
+
+@cli.command()
+@click.option(
+    "--since",
+    default="24h",
+    show_default=True,
+    help="Start: a duration back (30m, 24h, 7d) or an ISO date.",
+)
+@click.option("--until", help="End (default now): a duration back or an ISO date.")
+@click.option("--gpu", "gpu", is_flag=True, help="GPU samples instead of probes.")
+@click.option(
+    "--control",
+    "control",
+    is_flag=True,
+    help="Batch-allowance decisions (with reason and verification) instead.",
+)
+@click.option(
+    "--resolution",
+    type=click.Choice(["auto", "raw", "1m", "1h"]),
+    default="auto",
+    show_default=True,
+    help="raw rows, or 1-minute / 1-hour buckets; auto: raw up to 2 days, then "
+    "1m up to 60 days, then 1h.",
+)
+@click.option("--limit", type=click.IntRange(1), help="At most this many rows (newest).")
+@click.option(
+    "--export-trace",
+    "export_to",
+    metavar="FILE",
+    help="Write the probes as a replay trace CSV (- for stdout) instead of listing them.",
+)
+@listing_options
+@click.pass_context
+def history(
+    ctx: click.Context,
+    since: str,
+    until: str | None,
+    gpu: bool,
+    control: bool,
+    resolution: str,
+    limit: int | None,
+    export_to: str | None,
+    fmt: str,
+) -> None:
+    """Probe results (or GPU samples) over a time range, oldest first."""
+    from llm_watchdog.nvml.throttle import reason_names
+    from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
+
+    settings = settings_from(ctx)
+    now = time.time()
+    since_ts, until_ts = when_arg(since, now), when_arg(until, now)
+    assert since_ts is not None
+    if control:
+        with open_store(settings) as store:
+            rows = store.rows(
+                "SELECT * FROM control_actions WHERE ts >= ? AND ts < ? ORDER BY ts, id",
+                (since_ts, until_ts if until_ts is not None else float("inf")),
+            )
+        for r in rows[-limit:] if limit else rows:
+            r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
+        emit(rows[-limit:] if limit else rows, CONTROL_COLUMNS, fmt)
+        return
+    if export_to:
+        from llm_watchdog.cli.judge import export_trace_to
+
+        export_trace_to(settings, export_to, since_ts, until_ts)
+        return
+    if resolution == "auto":
+        length = (until_ts or now) - since_ts
+        resolution = (
+            "raw" if length <= AUTO_RAW_MAX_S else "1m" if length <= AUTO_1M_MAX_S else "1h"
+        )
+    with open_store(settings) as store:
+        if resolution == "raw":
+            rows = (
+                store.gpu_samples(since_ts, until_ts) if gpu else store.probes(since_ts, until_ts)
+            )
+            columns = GPU_COLUMNS if gpu else HISTORY_COLUMNS
+        else:
+            rows = store.history(since_ts, until_ts, resolution, series="gpu" if gpu else "probes")
+            columns = ["time", *GPU_HISTORY_COLUMNS[1:], "reasons"] if gpu else BUCKET_COLUMNS
+    if limit:
+        rows = rows[-limit:]
+    for r in rows:
+        r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
+        if gpu:
+            r["reasons"] = ",".join(reason_names(r.get("throttle_reasons") or 0))
+    emit(rows, columns, fmt)
