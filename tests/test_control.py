@@ -26,9 +26,7 @@ from llm_watchdog.control.law import (
     ControlConfig,
     ControlInput,
     GpuState,
-    action_row,
     design_law,
-    verification_row,
 )
 from llm_watchdog.control.signals import LogEwma, RateEwma, SurgeDetector
 from llm_watchdog.nvml.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
@@ -37,6 +35,7 @@ from llm_watchdog.sim.controllers import ControllerContext, ControllerError, mak
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.virtual import run_virtual
 from llm_watchdog.stats import quantile
+from llm_watchdog.store.control import action_row, verification_row
 from llm_watchdog.store.migrations import migrate
 
 T = 1000.0  # the chat p95 target in every test

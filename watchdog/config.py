@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
+from llm_watchdog.control.law import ControlConfig
+from llm_watchdog.drift import DriftConfig
 from llm_watchdog.durations import parse_duration
+from llm_watchdog.errors import ConfigError
+from llm_watchdog.probe.client import CACHE_MODES, ProbeOptions
+from llm_watchdog.resources import package_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,15 +38,11 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_CONFIG_PATH = Path("/etc/llm-watchdog/config.toml")
 ENV_CONFIG = "LLM_WATCHDOG_CONFIG"
 ENV_PREFIX = "LLM_WATCHDOG__"
-EX_CONFIG = 78
 
 
-class ConfigError(Exception):
-    """A setting is wrong. str(err) is one line naming the file and the key."""
-
-
-def _duration(default: str, *, minimum_s: float = 0.0) -> Any:
-    return field(default=parse_duration(default), metadata={"duration": True, "min": minimum_s})
+def _duration(default: str | float, *, minimum_s: float = 0.0) -> Any:
+    seconds = parse_duration(default) if isinstance(default, str) else float(default)
+    return field(default=seconds, metadata={"duration": True, "min": minimum_s})
 
 
 def _choice(default: str, *choices: str) -> Any:
@@ -72,11 +74,12 @@ class ProbeSettings:
     interval_s: float = _duration("10s", minimum_s=0.1)
     jitter_s: float = _duration("1s")
     probe_set: str = "default"
-    connect_timeout_s: float = _duration("3s", minimum_s=0.01)
-    first_token_timeout_s: float = _duration("30s", minimum_s=0.01)
-    total_timeout_s: float = _duration("60s", minimum_s=0.01)
-    cache_mode: str = _choice("bust", "bust", "cached")
-    seed: int = 1234
+    # The probe's own defaults (ProbeOptions) are the config's: one value for each.
+    connect_timeout_s: float = _duration(ProbeOptions.connect_timeout_s, minimum_s=0.01)
+    first_token_timeout_s: float = _duration(ProbeOptions.first_token_timeout_s, minimum_s=0.01)
+    total_timeout_s: float = _duration(ProbeOptions.total_timeout_s, minimum_s=0.01)
+    cache_mode: str = _choice(ProbeOptions.cache_mode, *CACHE_MODES)
+    seed: int = ProbeOptions.seed
     fingerprint_interval_s: float = _duration("1m", minimum_s=1)
 
 
@@ -149,17 +152,18 @@ class ControlSettings:
     token_file: str = ""
     token_env: str = "LLM_WATCHDOG_GATEWAY_TOKEN"
     target_p95_s: float = _duration("2s", minimum_s=0.001)
-    floor: int = 0
-    ceiling: int = 64
-    default_allowance: int = 8
+    # The law's own defaults (ControlConfig) are the config's: one value for each.
+    floor: int = ControlConfig.floor
+    ceiling: int = ControlConfig.ceiling
+    default_allowance: int = ControlConfig.default_allowance
     interval_s: float = _duration("1s", minimum_s=0.1)
-    lease_s: float = _duration("2m", minimum_s=1)
-    drain_time_s: float = _duration("20s")
+    lease_s: float = _duration(ControlConfig.lease_s, minimum_s=1)
+    drain_time_s: float = _duration(ControlConfig.drain_time_s)
     # After heat, hold the allowance until the clock has been steady this long.
-    freeze_release_s: float = _duration("3m")
+    freeze_release_s: float = _duration(ControlConfig.freeze_release_s)
     # Sequences the engine runs at once (vLLM --max-num-seqs, llama.cpp --parallel, Ollama
     # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: detected where the engine says.
-    engine_slots: int = 0
+    engine_slots: int = ControlConfig.engine_slots
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""
     haproxy_server: str = ""
@@ -198,20 +202,10 @@ class Settings:
             out[f.name] = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
         return out
 
-    def control_config(self) -> Any:
-        from llm_watchdog.control.law import ControlConfig
-
+    def control_config(self) -> ControlConfig:
         c = self.control
-        return ControlConfig(
-            target_p95_ms=c.target_p95_s * 1000.0,
-            floor=c.floor,
-            ceiling=c.ceiling,
-            default_allowance=c.default_allowance,
-            drain_time_s=c.drain_time_s,
-            lease_s=c.lease_s,
-            freeze_release_s=c.freeze_release_s,
-            engine_slots=c.engine_slots,
-        )
+        shared = {name: getattr(c, name) for name in _LAW_FIELDS}
+        return ControlConfig(target_p95_ms=c.target_p95_s * 1000.0, **shared)
 
     def control_token(self) -> str | None:
         return (
@@ -222,9 +216,7 @@ class Settings:
             else None
         )
 
-    def drift_config(self) -> Any:
-        from llm_watchdog.drift import DriftConfig
-
+    def drift_config(self) -> DriftConfig:
         d = self.drift
         return DriftConfig(
             baseline_n=d.baseline_probes,
@@ -237,6 +229,17 @@ class Settings:
             quality_window=d.quality_window,
         )
 
+
+# [control] keys that are ControlConfig fields of the same name and unit.
+_LAW_FIELDS = (
+    "floor",
+    "ceiling",
+    "default_allowance",
+    "drain_time_s",
+    "lease_s",
+    "freeze_release_s",
+    "engine_slots",
+)
 
 _SECRET_WORDS = ("key", "token", "secret", "password", "url")
 
@@ -395,8 +398,6 @@ def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
 def _raw_section(name: str, raw: dict[str, Any], source: str) -> dict[str, Any]:
     """Check a section another module parses, without reading the secrets it names."""
     if name == "alerts":
-        from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
-
         try:
             alert_config_from_dict(raw)
         except AlertConfigError as exc:
@@ -462,6 +463,4 @@ def load_settings(
 
 
 def example_config() -> str:
-    from llm_watchdog.resources import package_file
-
     return package_file("example-config.toml").read_text(encoding="utf-8")

@@ -30,6 +30,8 @@ from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.probe.engine import resolve_model
+from llm_watchdog.sim.scenario import load_scenario
+from llm_watchdog.sim.server import SimLab
 from llm_watchdog.store.db import Store
 
 
@@ -102,9 +104,6 @@ def _line(t: float, r: ProbeResult, g: GpuSample | None, allowance: int | None) 
 def run_demo(
     opts: DemoOptions, say: Callable[[str], None] = print, stop: threading.Event | None = None
 ) -> DemoResult:
-    from llm_watchdog.sim.scenario import load_scenario
-    from llm_watchdog.sim.server import SimLab
-
     stop = stop or threading.Event()
     scenario = load_scenario(opts.scenario)
     target = opts.target_p95_ms or scenario.slo_chat_ttft_p95_ms or 1000.0

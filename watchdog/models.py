@@ -6,6 +6,7 @@ every layer (probe, gpu, store, drift, control, sim) speaks in these types.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -133,7 +134,6 @@ class Fingerprint:
     @property
     def id(self) -> str:
         import hashlib
-        import json
 
         blob = json.dumps(self.key_fields(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -35,13 +35,14 @@ from typing import Any, Protocol
 import httpx
 
 from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.errors import ControlError
 
 ENV_ALLOWANCE = "LLM_WATCHDOG_ALLOWANCE"
 ENV_LEASE_S = "LLM_WATCHDOG_LEASE_S"
 ENV_REASON = "LLM_WATCHDOG_REASON"
 
 
-class ActuatorError(Exception):
+class ActuatorError(ControlError):
     """The serving layer could not be written or read. str() is one line."""
 
 

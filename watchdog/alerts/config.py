@@ -57,11 +57,12 @@ from llm_watchdog.alerts.policy import AlertRules
 from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
 from llm_watchdog.alerts.webhook import SHAPES, WebhookSink
 from llm_watchdog.durations import parse_duration
+from llm_watchdog.errors import ConfigError
 
 SINK_TYPES = ("webhook", "command", "log")
 
 
-class AlertConfigError(ValueError):
+class AlertConfigError(ConfigError, ValueError):
     """A bad alerts setting; one line naming the key. `.key` holds the key alone."""
 
     def __init__(self, key: str, problem: str) -> None:

@@ -22,11 +22,12 @@ from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
 from llm_watchdog.alerts.events import AlertEvent, severity_rank
+from llm_watchdog.errors import AlertError
 
 ENV_PREFIX = "LLM_WATCHDOG_"
 
 
-class DeliveryError(Exception):
+class DeliveryError(AlertError):
     """One delivery attempt failed. The message is one line, free of secrets."""
 
     def __init__(

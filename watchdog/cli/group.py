@@ -15,8 +15,10 @@ import click
 from llm_watchdog import __version__
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import EX_CONFIG, ConfigError, Settings, load_settings
-
-EXIT_FAILURE = 1
+from llm_watchdog.errors import EXIT_FAILURE
+from llm_watchdog.probe.engine import detect_engine
+from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
+from llm_watchdog.store.db import Store, StoreError
 
 
 class Fail(click.ClickException):
@@ -52,9 +54,6 @@ def when_arg(text: str | None, now: float) -> float | None:
 
 
 def open_store(settings: Settings, must_exist: bool = True) -> Any:
-
-    from llm_watchdog.store.db import Store, StoreError
-
     path = Path(settings.storage.path)
     if must_exist and not path.exists():
         raise Fail(
@@ -95,8 +94,6 @@ class Target:
 
 def reach_server(settings: Settings) -> Target:
     """Load the probe set, reach `server.url`, pick the model and engine; one-line errors."""
-    from llm_watchdog.probe.engine import detect_engine
-    from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
 
     server = settings.server
     try:

@@ -14,7 +14,12 @@ from llm_watchdog.cli.group import (
     settings_from,
     when_arg,
 )
+from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.nvml.throttle import reason_names
+from llm_watchdog.store.control import actions as control_actions
+from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
+from llm_watchdog.store.records import active_baseline, events
 
 # ---- status / history -----------------------------------------------------------------------
 
@@ -33,7 +38,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
             if last and last.get("fingerprint_id")
             else store.latest_fingerprint()
         )
-        from llm_watchdog.store.records import active_baseline, events
 
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
@@ -62,8 +66,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if not gpus:
         click.echo("gpu          no samples (latency-only mode or no GPU)")
     for g in gpus:
-        from llm_watchdog.nvml.throttle import reason_names
-
         reasons = ",".join(reason_names(g.get("throttle_reasons") or 0)) or "none"
         click.echo(
             f"gpu {g['gpu_index']}        {stamp(g['ts'])}  {_f(g.get('temp_c'), '°C')}  "
@@ -186,8 +188,6 @@ def history(
     fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
-    from llm_watchdog.nvml.throttle import reason_names
-    from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
 
     settings = settings_from(ctx)
     now = time.time()
@@ -195,17 +195,12 @@ def history(
     assert since_ts is not None
     if control:
         with open_store(settings) as store:
-            rows = store.rows(
-                "SELECT * FROM control_actions WHERE ts >= ? AND ts < ? ORDER BY ts, id",
-                (since_ts, until_ts if until_ts is not None else float("inf")),
-            )
+            rows = control_actions(store, since_ts, until_ts)
         for r in rows[-limit:] if limit else rows:
             r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
         emit(rows[-limit:] if limit else rows, CONTROL_COLUMNS, fmt)
         return
     if export_to:
-        from llm_watchdog.cli.judge import export_trace_to
-
         export_trace_to(settings, export_to, since_ts, until_ts)
         return
     if resolution == "auto":

@@ -6,15 +6,29 @@ from __future__ import annotations
 import bisect
 import csv
 import json
+import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import click
 
+from llm_watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
 from llm_watchdog.cli.group import ConfigFail, Fail, cli, open_store, settings_from, when_arg
 from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.daemon.service import Daemon
+from llm_watchdog.drift import (
+    ReplayError,
+    baseline_from_observations,
+    observation_from,
+    replay_file,
+)
+from llm_watchdog.drift.replay import CONTRACT_COLUMNS
+from llm_watchdog.durations import parse_duration
+from llm_watchdog.store.db import probe_from_row, sample_from_row
+from llm_watchdog.store.records import baselines, deliveries, events, reset_baselines, save_baseline
 
 # ---- drift ----------------------------------------------------------------------------------
 
@@ -29,7 +43,6 @@ DRIFT_COLUMNS = ["start", "end", "kind", "cause", "baseline_p95_ms", "peak_p95_m
 @click.pass_context
 def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fmt: str) -> None:
     """Drift events (chat slowed, heat warning, quality, cold starts …) with cause and evidence."""
-    from llm_watchdog.store.records import events
 
     settings = settings_from(ctx)
     now = time.time()
@@ -89,7 +102,6 @@ BASELINE_COLUMNS = [
 @click.pass_context
 def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """The baseline in use for each fingerprint (what 'normal' is)."""
-    from llm_watchdog.store.records import baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -105,7 +117,6 @@ def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
 @click.pass_context
 def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
     """Retire the baseline; the daemon learns a new one from the next warm probes."""
-    from llm_watchdog.store.records import reset_baselines
 
     settings = settings_from(ctx)
     with open_store(settings) as store:
@@ -130,8 +141,6 @@ def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
 @click.pass_context
 def baseline_capture(ctx: click.Context, duration: str, from_history: str | None) -> None:
     """Take a baseline explicitly, e.g. right after a known-good deploy."""
-    from llm_watchdog.durations import parse_duration
-    from llm_watchdog.store.records import save_baseline
 
     settings = settings_from(ctx)
     try:
@@ -144,7 +153,6 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
             fingerprint_id, observations = _history_observations(store, time.time() - seconds)
         else:
             fingerprint_id, observations = _probe_for(settings, store, seconds)
-        from llm_watchdog.drift import baseline_from_observations
 
         try:
             b = baseline_from_observations(
@@ -165,9 +173,6 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
 
 
 def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
-    from llm_watchdog.drift import observation_from
-    from llm_watchdog.store.db import probe_from_row, sample_from_row
-
     fp = store.latest_fingerprint()
     if fp is None:
         raise Fail("no probes recorded yet: run the daemon first, or capture with --for")
@@ -180,11 +185,6 @@ def _history_observations(store: Any, since_ts: float) -> tuple[str, list[Any]]:
 
 
 def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any]]:
-    from dataclasses import replace
-
-    from llm_watchdog.daemon.service import Daemon
-    from llm_watchdog.drift import observation_from
-
     quiet = replace(settings, drift=replace(settings.drift, enabled=False))
     daemon = Daemon(quiet, store)
     daemon.startup()
@@ -229,14 +229,11 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 
 def _trace_columns() -> tuple[str, ...]:
-    from llm_watchdog.drift.replay import CONTRACT_COLUMNS
-
     return (*CONTRACT_COLUMNS, "temp_slowdown_c")
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
     """Write recorded probes as a replay trace (the CSV contract of DESIGN.md)."""
-    from llm_watchdog.store.db import sample_from_row
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)
@@ -289,7 +286,6 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
 @click.pass_context
 def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
     """Run the daemon's detector over a recorded trace (CSV) and print the drift events."""
-    from llm_watchdog.drift import ReplayError, replay_file
 
     settings = settings_from(ctx)
     if trace != "-" and not Path(trace).exists():
@@ -341,9 +337,7 @@ def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
     settings = settings_from(ctx)
     since_ts = when_arg(since, time.time())
     with open_store(settings) as store:
-        rows = store.rows(
-            "SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,)
-        )
+        rows = deliveries(store, since_ts)
     if failed:
         rows = [r for r in rows if not r["ok"]]
     for r in rows:
@@ -352,26 +346,11 @@ def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
     emit(rows, ALERT_COLUMNS, fmt)
 
 
-def build_alerts(settings: Any, store: Any) -> Any:
-    """The daemon's alert manager: the configured sinks, or the log when none is configured."""
-    import os
-
-    from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
-
-    try:
-        config, sinks = load_alerts(settings.alerts, env=os.environ)
-    except AlertConfigError as exc:
-        raise ConfigFail(f"{settings.source}: {exc}") from None
-    return AlertManager(sinks or [LogSink()], store, config)
-
-
 @alerts.command("test")
 @click.pass_context
 def alerts_test(ctx: click.Context) -> None:
     """Send a test alert to every configured sink now; exit 1 if any failed."""
-    import os
 
-    from llm_watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
 
     settings = settings_from(ctx)
     try:

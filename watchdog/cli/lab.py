@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
 
+from llm_watchdog.bench.run import run_bench
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options
+from llm_watchdog.daemon.service import probe_options
+from llm_watchdog.demo import DemoOptions, run_demo, summary
+from llm_watchdog.durations import parse_duration
 from llm_watchdog.gateway.cli import gateway
+from llm_watchdog.probe.client import Prober
 from llm_watchdog.sim.cli import sim
+from llm_watchdog.sim.scenario import ScenarioError
 
 cli.add_command(sim)
 cli.add_command(gateway)
@@ -60,10 +67,6 @@ def bench(
     The curve to choose a batch allowance from: sends real extraction-style batch requests
     (long documents, X-Traffic-Class: batch) while canary chat probes measure TTFT.
     """
-    from llm_watchdog.bench.run import run_bench
-    from llm_watchdog.daemon.service import probe_options
-    from llm_watchdog.durations import parse_duration
-    from llm_watchdog.probe.client import Prober
 
     settings = settings_from(ctx)
     try:
@@ -131,11 +134,7 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
     HTTP, prints a line per canary probe and a summary. Ctrl-C stops everything.
     """
     import threading
-    from pathlib import Path
 
-    from llm_watchdog.demo import DemoOptions, run_demo, summary
-    from llm_watchdog.durations import parse_duration
-    from llm_watchdog.sim.scenario import ScenarioError
 
     try:
         seconds = parse_duration(duration)

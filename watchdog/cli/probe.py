@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -14,6 +15,8 @@ from llm_watchdog.cli.group import (
     settings_from,
 )
 from llm_watchdog.cli.output import emit, listing_options
+from llm_watchdog.daemon.service import probe_options
+from llm_watchdog.probe.client import Prober
 
 # ---- probe ----------------------------------------------------------------------------------
 
@@ -60,10 +63,7 @@ def probe(
 
     Exits 1 when any probe failed or gave a wrong answer.
     """
-    from dataclasses import replace
 
-    from llm_watchdog.daemon.service import probe_options
-    from llm_watchdog.probe.client import Prober
 
     settings = settings_from(ctx)
     server = replace(

@@ -19,6 +19,12 @@ from llm_watchdog.cli.group import (
     settings_from,
 )
 from llm_watchdog.config import example_config
+from llm_watchdog.daemon.install import apply, plan_install
+from llm_watchdog.daemon.service import Daemon, build_alerts
+from llm_watchdog.durations import format_duration
+from llm_watchdog.errors import EXIT_STARTUP_FAILED, ConfigError
+from llm_watchdog.logs import setup_logging
+from llm_watchdog.probe.sets import ProbeSetError
 
 # ---- check-config ---------------------------------------------------------------------------
 
@@ -46,8 +52,6 @@ def check_config(ctx: click.Context, example: bool, as_json: bool) -> None:
 
 
 def _toml_value(key: str, value: Any) -> str:
-    from llm_watchdog.durations import format_duration
-
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and key not in ("seed",):
@@ -64,18 +68,17 @@ def _toml_value(key: str, value: Any) -> str:
 def run(ctx: click.Context) -> None:
     """Run the watchdog daemon in the foreground (what the systemd unit starts)."""
 
-    from llm_watchdog.daemon.service import EXIT_STARTUP_FAILED, Daemon
-    from llm_watchdog.logs import setup_logging
-    from llm_watchdog.probe.sets import ProbeSetError
 
     settings = settings_from(ctx)
     setup_logging(settings.logging.level, settings.logging.format)
     api_key_or_fail(settings)
     Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
     store = open_store(settings, must_exist=False)
-    from llm_watchdog.cli.judge import build_alerts
-
-    alert_manager = build_alerts(settings, store)
+    try:
+        alert_manager = build_alerts(settings, store)
+    except ConfigError as exc:
+        store.close()
+        raise ConfigFail(str(exc)) from None
     try:
         daemon = Daemon(settings, store, alerts=alert_manager)
     except ProbeSetError as exc:
@@ -131,7 +134,6 @@ def run(ctx: click.Context) -> None:
 def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, root: str) -> None:
     """Install the systemd service (and a config to edit, if there is none) and start it."""
 
-    from llm_watchdog.daemon.install import apply, plan_install
 
     rooted = Path(root).resolve() != Path("/")
     plan = plan_install(

@@ -91,7 +91,6 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -112,7 +111,7 @@ class ControlConfig:
     target_p95_ms: float  # T: the chat TTFT p95 the SLO promises
     floor: int = 0  # the allowance never goes below this
     ceiling: int = 64  # nor above this
-    default_allowance: int = 4  # before the first step, and what a lease falls back to
+    default_allowance: int = 8  # before the first step, and what a lease falls back to
     drain_time_s: float = 20.0  # one cut per this: the order of a batch request's life
     grow_cooldown_s: float = 15.0  # after any change, wait this long before growing
     grow_fraction: float = 0.05  # additive growth: max(1, ⌈fraction·L⌉)
@@ -603,53 +602,3 @@ class AllowanceController:
             "allowance_read_back": inp.allowance,
             "latency_only": gpu is None,
         }
-
-
-def action_row(
-    action: ControlAction,
-    *,
-    ts: float,
-    cls: str = "batch",
-    actuator: str | None = None,
-    lease_s: float | None = None,
-    applied: bool | None = None,
-    apply_detail: str | None = None,
-) -> dict[str, Any]:
-    """A `control_actions` row (migration m004) for a decision; `ts` in unix seconds.
-
-    `applied` is None when nothing was written (a hold), else whether the write succeeded.
-    """
-    return {
-        "ts": ts,
-        "cls": cls,
-        "kind": action.kind,
-        "allowance_before": action.allowance_before,
-        "allowance_after": action.allowance_after,
-        "reason": action.reason,
-        "p95_est_ms": action.p95_est_ms,
-        "inputs": json.dumps(action.inputs, sort_keys=True, default=str),
-        "actuator": actuator,
-        "lease_s": lease_s,
-        "applied": None if applied is None else int(applied),
-        "apply_detail": apply_detail,
-    }
-
-
-def verification_row(
-    *,
-    ts: float,
-    kind: str,
-    detail: str,
-    allowance: int | None = None,
-    inflight: int | None = None,
-    queued: int | None = None,
-) -> dict[str, Any]:
-    """The columns that complete a `control_actions` row once its write has been checked."""
-    return {
-        "verify_ts": ts,
-        "verify_kind": kind,
-        "verify_detail": detail,
-        "read_allowance": allowance,
-        "read_inflight": inflight,
-        "read_queued": queued,
-    }

@@ -11,6 +11,7 @@ handler that does nothing else), `shutdown()` stops within a bounded time.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import threading
@@ -24,10 +25,14 @@ import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from llm_watchdog.actuators.base import CommandActuator, HaproxyActuator
+from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge
+from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.drift import classify_cold
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import ProbeOptions, Prober
@@ -39,22 +44,34 @@ from llm_watchdog.store.db import Store
 
 log = logging.getLogger("llm_watchdog.daemon.service")
 
-# Exit status when start-up fails (uvicorn uses 3 the same way): distinct from a crash (1)
-# and from a bad config (78), so systemd's RestartPreventExitStatus= can tell them apart.
-EXIT_STARTUP_FAILED = 3
+
+def build_alerts(settings: Settings, store: Store) -> AlertManager:
+    """The daemon's alert manager: the configured sinks, or the log when none is configured.
+
+    Raises ConfigError naming the config file and the [alerts] key that is wrong.
+    """
+    try:
+        config, sinks = load_alerts(settings.alerts, env=os.environ)
+    except AlertConfigError as exc:
+        raise ConfigError(f"{settings.source}: {exc}") from exc
+    return AlertManager(sinks or [LogSink()], store, config)
+
+
+
+# [probe] keys that are ProbeOptions fields of the same name and unit.
+PROBE_OPTION_FIELDS = (
+    "connect_timeout_s",
+    "first_token_timeout_s",
+    "total_timeout_s",
+    "cache_mode",
+    "seed",
+)
 
 
 def probe_options(settings: Settings, engine: str | None) -> ProbeOptions:
     p = settings.probe
-    return ProbeOptions(
-        connect_timeout_s=p.connect_timeout_s,
-        first_token_timeout_s=p.first_token_timeout_s,
-        total_timeout_s=p.total_timeout_s,
-        cache_mode=p.cache_mode,
-        api=settings.server.api,
-        seed=p.seed,
-        engine=engine,
-    )
+    shared = {name: getattr(p, name) for name in PROBE_OPTION_FIELDS}
+    return ProbeOptions(api=settings.server.api, engine=engine, **shared)
 
 
 def server_port(url: str) -> int | None:
@@ -426,8 +443,6 @@ class Daemon:
 
 def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
     """The control loop over the configured actuator."""
-    from llm_watchdog.actuators.base import CommandActuator, HaproxyActuator
-    from llm_watchdog.daemon.steer import Steer, gateway_steer
 
     c = settings.control
     config = settings.control_config()

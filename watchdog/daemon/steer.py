@@ -31,10 +31,14 @@ from llm_watchdog.control.law import (
     ControlConfig,
     ControlInput,
     GpuState,
-    action_row,
-    verification_row,
 )
 from llm_watchdog.models import GpuSample, ProbeResult
+from llm_watchdog.store.control import (
+    action_row,
+    record_action,
+    record_verification,
+    verification_row,
+)
 from llm_watchdog.store.db import Store
 
 log = logging.getLogger("llm_watchdog.daemon.steer")
@@ -224,7 +228,7 @@ class Steer:
     def _record_hold(self, action: ControlAction, now_s: float) -> None:
         if now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
             self._last_hold_record_s = now_s
-            self.store.insert("control_actions", action_row(action, ts=self.clock()))
+            record_action(self.store, action_row(action, ts=self.clock()))
 
     def _record_dry(self, action: ControlAction) -> None:
         log.warning(
@@ -239,7 +243,7 @@ class Steer:
             actuator=self.actuator.name,
             apply_detail="dry run: not written",
         )
-        self.store.insert("control_actions", row)
+        record_action(self.store, row)
 
     def _write(self, action: ControlAction, target: int, now_s: float) -> None:
         res = self.actuator.apply(target, self.config.lease_s, action.reason)
@@ -251,7 +255,7 @@ class Steer:
             applied=res.ok,
             apply_detail=res.detail,
         )
-        row_id = self.store.insert("control_actions", row)
+        row_id = record_action(self.store, row)
         if res.ok:
             self._last_write_s = now_s
             if action.changed:
@@ -277,10 +281,7 @@ class Steer:
             inflight=rb.inflight if rb else None,
             queued=rb.queued if rb else None,
         )
-        sets = ", ".join(f"{column} = ?" for column in done)
-        self.store.execute(
-            f"UPDATE control_actions SET {sets} WHERE id = ?", (*done.values(), row_id)
-        )
+        record_verification(self.store, row_id, done)
         if not v.ok:
             log.warning("%s", v.detail)
             alert = not_effective_event(v, ts=self.clock(), target=self.actuator.name)

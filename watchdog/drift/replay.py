@@ -20,6 +20,7 @@ from typing import Any
 from llm_watchdog.drift.cold import classify_cold
 from llm_watchdog.drift.monitor import DriftMonitor
 from llm_watchdog.drift.values import DriftConfig, DriftEvent, Observation
+from llm_watchdog.errors import WatchdogError
 
 REQUIRED = ("ts", "ttft_ms")
 # The replay trace contract of DESIGN.md, in its order.
@@ -53,7 +54,7 @@ FLOAT_COLUMNS = (
 MAX_LISTED = 5  # bad rows named in the error; the rest are counted
 
 
-class ReplayError(Exception):
+class ReplayError(WatchdogError):
     """The trace cannot be replayed. str(err) is one line; `line` is the first bad line."""
 
     def __init__(self, message: str, line: int | None = None, lines: list[int] | None = None):

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from llm_watchdog.durations import parse_duration
+from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE
 from llm_watchdog.gateway.config import (
     CLASSES,
     DEFAULT_BATCH_RAMP_PER_S,
@@ -24,8 +25,6 @@ from llm_watchdog.gateway.config import (
 )
 from llm_watchdog.gateway.server import ListenError, serve
 from llm_watchdog.logs import setup_logging
-
-EX_CONFIG = 78
 
 log = logging.getLogger("llm_watchdog.gateway")
 
@@ -38,7 +37,7 @@ class _ConfigFail(click.ClickException):
 
 
 class _Fail(_ConfigFail):
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import h11
 
+from llm_watchdog.errors import EngineError
 from llm_watchdog.gateway.config import GatewayConfig
 
 # Idle connections kept per engine; more than the engine runs at once is of no use.
@@ -38,7 +39,7 @@ KEEPALIVE_S = 4.0
 READ_HIGH_WATER_BYTES = 256 * 1024
 
 
-class UpstreamError(Exception):
+class UpstreamError(EngineError):
     """No answer from the engine. `status` is what the gateway answers instead."""
 
     def __init__(self, status: int, message: str) -> None:

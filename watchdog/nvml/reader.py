@@ -65,6 +65,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_watchdog.errors import TelemetryError
 from llm_watchdog.models import GpuEvent, GpuInfo, GpuSample
 
 _LOG = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def missing_nvml_names(nvml: Any) -> list[str]:
     return [name for name in names if not hasattr(nvml, name)]
 
 
-class NvmlTimeout(Exception):
+class NvmlTimeout(TelemetryError):
     """An NVML call did not return within its time limit."""
 
     def __init__(self, name: str, timeout_s: float) -> None:

@@ -73,12 +73,12 @@ _ERROR_BODY_MAX = 64 * 1024
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    connect_timeout_s: float = 5.0
+    connect_timeout_s: float = 3.0
     first_token_timeout_s: float = 30.0
     total_timeout_s: float = 60.0
     cache_mode: str = "bust"  # "bust" | "cached"
     api: str = "openai"  # "openai" (SSE, /v1/chat/completions) | "ollama" (NDJSON, /api/chat)
-    seed: int = 1
+    seed: int = 1234
     engine: str | None = None  # engine hint, e.g. "llamacpp" (from detect_engine or config)
 
     def __post_init__(self) -> None:

@@ -28,11 +28,13 @@ from typing import Any
 
 import httpx
 
+from llm_watchdog.errors import EngineError
+
 UNREACHABLE = "unreachable"
 UNKNOWN = "unknown"
 
 
-class ModelResolveError(RuntimeError):
+class ModelResolveError(EngineError, RuntimeError):
     """`model = "auto"` could not be resolved. The message is one line with what to try."""
 
 

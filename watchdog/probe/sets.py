@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.resources import bundled_dir
 
 if sys.version_info >= (3, 11):
@@ -48,7 +49,7 @@ _PROMPT_KEYS = {"id", "question", "messages", "regex", "any_of", "max_tokens"}
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class ProbeSetError(ValueError):
+class ProbeSetError(ConfigError, ValueError):
     """A probe set that cannot be used. The message is one line: file, prompt, what to fix."""
 
 

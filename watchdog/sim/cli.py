@@ -17,11 +17,11 @@ from typing import Any
 import click
 
 from llm_watchdog.durations import format_duration, parse_duration
+from llm_watchdog.errors import EX_CONFIG
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
+from llm_watchdog.sim.server import LabError, SimLab
 from llm_watchdog.sim.virtual import RunResult, run_virtual
-
-EX_CONFIG = 78
 
 
 def _scenario(name: str) -> Scenario:
@@ -72,7 +72,6 @@ def serve(
     scenario: str, host: str, port: int, time_scale: float, batch_streams: int | None
 ) -> None:
     """Serve the simulated engine over HTTP until Ctrl-C."""
-    from llm_watchdog.sim.server import LabError, SimLab
 
     sc = _scenario(scenario)
     if time_scale <= 0:

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import GpuSample
 
 
-class ControllerError(ValueError):
+class ControllerError(ConfigError, ValueError):
     """A controller name or argument that cannot be used; one line, says what to give."""
 
 

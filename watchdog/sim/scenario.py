@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.resources import bundled_dir
 
 if sys.version_info >= (3, 11):
@@ -29,7 +30,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError, ValueError):
     """A scenario that cannot be used; the message is one line naming the file and key."""
 
 

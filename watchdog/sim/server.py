@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from llm_watchdog import __version__
+from llm_watchdog.errors import WatchdogError
 from llm_watchdog.sim.answers import Answers
 from llm_watchdog.sim.engine import CANCELLED, DONE, Request
 from llm_watchdog.sim.fakenvml import FakeNvml
@@ -50,7 +51,7 @@ from llm_watchdog.sim.world import World
 PREFIX_CACHE_ENTRIES = 256
 
 
-class LabError(RuntimeError):
+class LabError(WatchdogError, RuntimeError):
     """The lab could not start (port taken, thread failed)."""
 
 

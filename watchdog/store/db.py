@@ -32,6 +32,7 @@ from typing import Any
 
 import sqlite_utils
 
+from llm_watchdog.errors import StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.store import rollups
 from llm_watchdog.store import rows as store_rows
@@ -74,7 +75,7 @@ _FP_FIELDS = tuple(Fingerprint().key_fields())
 _PROBE_COLUMNS = ("fingerprint_id", *PROBE_FIELDS)
 
 
-class StoreError(Exception):
+class StoreError(StorageError):
     """The database could not do what was asked. str(err) is one line."""
 
 

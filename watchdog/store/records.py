@@ -1,7 +1,8 @@
-"""Drift baselines and events in the store: the SQL the CLI and the daemon share.
+"""Drift baselines and events, and alert deliveries, in the store: the SQL the CLI and the
+daemon share.
 
-The tables come from migration m002; only `llm_watchdog.store.db.Store` talks to SQLite, and these
-helpers go through its `insert` / `execute` / `rows`.
+The tables come from migrations m002 and m003; only `llm_watchdog.store.db.Store` talks to
+SQLite, and these helpers go through its `insert` / `execute` / `rows`.
 """
 
 from __future__ import annotations
@@ -86,3 +87,10 @@ def events(
     for r in rows:
         r["evidence"] = json.loads(r["evidence"] or "{}")
     return rows
+
+
+def deliveries(store: Store, since_ts: float) -> list[dict[str, Any]]:
+    """Final alert deliveries (one row per alert and sink, after its retries), oldest first."""
+    return store.rows(
+        "SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,)
+    )

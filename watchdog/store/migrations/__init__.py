@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import sqlite_utils
 
+from llm_watchdog.errors import StorageError
+
 MIGRATIONS_TABLE = "_migrations"
 _NAME = re.compile(r"^m(\d{3})_([a-z0-9_]+)$")
 
 
-class MigrationError(Exception):
+class MigrationError(StorageError):
     """The database cannot be brought to this version's schema. str(err) is one line."""
 
 

@@ -1,0 +1,70 @@
+"""The project's exceptions and exit codes, defined once.
+
+Every error the project raises on purpose derives from `WatchdogError`, and its str() is one
+line that says what happened and what to do. Foreign exceptions (httpx, sqlite3, pynvml,
+tomllib, OSError) are mapped at the edge that meets them, with `raise ... from exc`, so the
+cause stays on `__cause__` for a log and never reaches a user as a traceback.
+
+    WatchdogError
+     ├── ConfigError            a setting, file or argument that cannot be used (exit 78)
+     │    ├── ProbeSetError         a probe set that cannot be loaded       (probe.sets)
+     │    ├── AlertConfigError      a bad [alerts] entry; `.key` names it   (alerts.config)
+     │    ├── ScenarioError         a heat-lab scenario that cannot be used (sim.scenario)
+     │    └── ControllerError       a lab controller name or argument      (sim.controllers)
+     ├── EngineError            the serving engine did not answer as needed
+     │    ├── ModelResolveError     `model = "auto"` found no model         (probe.engine)
+     │    └── UpstreamError         the gateway's engine gave no answer     (gateway.upstream)
+     ├── TelemetryError         NVML could not be read
+     │    └── NvmlTimeout           an NVML call did not return in time     (nvml.reader)
+     ├── StorageError           the database could not do what was asked
+     │    ├── StoreError            any SQLite failure, mapped               (store.db)
+     │    └── MigrationError        the schema cannot be brought up to date (store.migrations)
+     ├── ControlError           the serving layer could not be written or read
+     │    └── ActuatorError         a write or read-back failed            (actuators.base)
+     ├── AlertError             an alert could not be delivered
+     │    └── DeliveryError         one delivery attempt failed             (alerts.sinks)
+     ├── ReplayError            a trace that cannot be replayed          (drift.replay)
+     └── LabError               the heat lab could not start              (sim.server)
+
+The configuration errors also derive from ValueError where they always have, so callers that
+catch ValueError around parsing keep working.
+"""
+
+from __future__ import annotations
+
+# Exit codes of every command and service (sysexits.h for EX_CONFIG). Start-up failure is 3,
+# as in uvicorn: distinct from a crash (1) and from a bad config (78), so systemd's
+# RestartPreventExitStatus= can tell them apart.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_STARTUP_FAILED = 3
+EX_CONFIG = 78
+
+
+class WatchdogError(Exception):
+    """Base of every error the project raises on purpose. str(err) is one line."""
+
+
+class ConfigError(WatchdogError):
+    """A setting is wrong. str(err) is one line naming the file and the key."""
+
+
+class EngineError(WatchdogError):
+    """The serving engine did not answer as needed."""
+
+
+class TelemetryError(WatchdogError):
+    """GPU telemetry could not be read."""
+
+
+class StorageError(WatchdogError):
+    """The database could not do what was asked."""
+
+
+class ControlError(WatchdogError):
+    """The serving layer's allowance could not be written or read back."""
+
+
+class AlertError(WatchdogError):
+    """An alert could not be delivered."""

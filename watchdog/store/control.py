@@ -1,0 +1,87 @@
+"""Control decisions in the store: the `control_actions` rows (migration m004) and their reads.
+
+A row is written for every decision the steering loop makes (a hold included), with the
+inputs and the reason, and completed once the actuator's read-back has said whether the
+serving layer really applied it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llm_watchdog.control.law import ControlAction
+from llm_watchdog.store.db import Store
+
+
+def action_row(
+    action: ControlAction,
+    *,
+    ts: float,
+    cls: str = "batch",
+    actuator: str | None = None,
+    lease_s: float | None = None,
+    applied: bool | None = None,
+    apply_detail: str | None = None,
+) -> dict[str, Any]:
+    """A `control_actions` row (migration m004) for a decision; `ts` in unix seconds.
+
+    `applied` is None when nothing was written (a hold), else whether the write succeeded.
+    """
+    return {
+        "ts": ts,
+        "cls": cls,
+        "kind": action.kind,
+        "allowance_before": action.allowance_before,
+        "allowance_after": action.allowance_after,
+        "reason": action.reason,
+        "p95_est_ms": action.p95_est_ms,
+        "inputs": json.dumps(action.inputs, sort_keys=True, default=str),
+        "actuator": actuator,
+        "lease_s": lease_s,
+        "applied": None if applied is None else int(applied),
+        "apply_detail": apply_detail,
+    }
+
+
+def verification_row(
+    *,
+    ts: float,
+    kind: str,
+    detail: str,
+    allowance: int | None = None,
+    inflight: int | None = None,
+    queued: int | None = None,
+) -> dict[str, Any]:
+    """The columns that complete a `control_actions` row once its write has been checked."""
+    return {
+        "verify_ts": ts,
+        "verify_kind": kind,
+        "verify_detail": detail,
+        "read_allowance": allowance,
+        "read_inflight": inflight,
+        "read_queued": queued,
+    }
+
+
+
+def record_action(store: Store, row: dict[str, Any]) -> int:
+    """Insert an `action_row`; returns its id, for `record_verification`."""
+    return store.insert("control_actions", row)
+
+
+def record_verification(store: Store, row_id: int, done: dict[str, Any]) -> None:
+    """Complete action `row_id` with a `verification_row`."""
+    unknown = set(done) - set(verification_row(ts=0.0, kind="", detail=""))
+    if unknown:
+        raise ValueError(f"not verification columns: {sorted(unknown)}")
+    sets = ", ".join(f"{column} = ?" for column in done)
+    store.execute(f"UPDATE control_actions SET {sets} WHERE id = ?", (*done.values(), row_id))
+
+
+def actions(store: Store, since_ts: float, until_ts: float | None = None) -> list[dict[str, Any]]:
+    """Control decisions from `since_ts` up to (not including) `until_ts`, oldest first."""
+    return store.rows(
+        "SELECT * FROM control_actions WHERE ts >= ? AND ts < ? ORDER BY ts, id",
+        (since_ts, until_ts if until_ts is not None else float("inf")),
+    )
