@@ -3,7 +3,8 @@
 On each shipped scenario: no control, a conservative static allowance (the daemon's default,
 4), the best static allowance found by sweep (the highest batch throughput whose chat p95 is
 within target in ≥ 99 % of 1-minute windows), AIMD, Gradient2 (Netflix concurrency-limits),
-DESIGN.md's law as written, and ours (watchdog/control/law.py). Each runs the scenario's full
+the starting-point law (`design`: every addition off, docs/control.md), and ours
+(watchdog/control/law.py). Each runs the scenario's full
 length with the same seed, which gives every controller the same chat, to the request (the
 lab draws chat and batch from separate streams); SLO windows start after the first 2
 minutes. The lab's gateway admits batch as the real one does, a raise ramped at its default

@@ -1,5 +1,6 @@
 """Benchmark of the drift detector on generated probe traces, beside river's ADWIN and
-PageHinkley (defaults) and DESIGN.md's starting-point CUSUM, all on the same traces.
+PageHinkley (defaults) and the textbook starting-point CUSUM (docs/drift.md), all on the same
+traces.
 
     .venv/bin/python tests/benchmarks/bench_detector.py [--quick] [--seed N] [--rho 0.3]
 
@@ -221,7 +222,7 @@ CSV_COLUMNS = (*REQUIRED, *OPTIONAL)
 
 
 def write_trace_csv(trace: Trace, path: Path) -> None:
-    """The trace in the replay CSV contract (DESIGN.md), e.g. for data/traces/."""
+    """The trace in the replay CSV contract (README.md, "Replay traces"), e.g. for data/traces/."""
 
     def cell(value: object) -> str:
         if value is None:
@@ -290,7 +291,7 @@ def run_river(trace: Trace, make: Callable[[], object], *, in_ms: bool = False) 
 
 
 def run_design_start(trace: Trace) -> Alarms:
-    """DESIGN.md's starting point, as written: clip +-2, k = ln(1.3)/(2 sigma0), h = 8."""
+    """The starting-point CUSUM, as first specified: clip +-2, k = ln(1.3)/(2 sigma0), h = 8."""
     logs = warm_logs(trace)
     base = [y for _, y in logs[:300]]
     mu = stats.median(base)

@@ -3,33 +3,34 @@
 Pure and time-injected: `AllowanceController.step(ControlInput)` takes the samples since the
 last step and `now_s`, and returns a `ControlAction` saying what to set and why. No clock,
 socket or database here, so the daemon, `replay` and the heat lab's virtual time run the same
-code.
+code. It steps once a second (the daemon's `control.interval`, the lab's INTERVAL_S): a chat
+burst turns into a queue within seconds. Latencies in ms, times in s; T is `target_p95_ms`,
+L the allowance.
 
-The law starts from ../shared/DESIGN.md ("The controller, a starting point"), after Breakwater
-(Cho et al., OSDI '20), Netflix concurrency-limits and Envoy's adaptive concurrency filter:
+The core is the starting-point law, after Breakwater (Cho et al., OSDI '20), Netflix
+concurrency-limits and Envoy's adaptive concurrency filter:
 
 - Signal: ln TTFT of chat (canaries and the gateway's real chat TTFTs); an EWMA of its mean
-  and variance gives p̂95 = exp(μ̂ + 1.645 σ̂). A failed canary is a violation: it enters as a
-  sample at 2T and halves like one.
-- Cut when p̂95 > 0.9 T, to L·max(0.5, 0.9 T / p̂95); halve on one sample over 2 T; at most one
-  cut per drain time (a cut does not stop running batch requests; its effect shows once they
-  have finished).
-- Grow by max(1, ⌈0.05 L⌉) once p̂95 < 0.8 T for 3 samples in a row and a cooldown has passed
-  since the last change; hold in between (the dead band).
-- Under thermal or power throttling, freeze the ceiling at the current allowance until the
-  clocks are normal for `freeze_release_s`.
+  and variance (weight `ewma_alpha`) gives p̂95 = exp(μ̂ + 1.645 σ̂). A failed canary is a
+  violation: it enters as a sample at `halve_ratio`·T and halves like one.
+- Cut when p̂95 > `cut_ratio`·T, to L·max(`max_cut_factor`, `cut_ratio`·T / p̂95); halve on
+  one sample over `halve_ratio`·T; at most one cut per `drain_time_s` (a cut does not stop
+  running batch requests; its effect shows once they have finished).
+- Grow by max(1, ⌈`grow_fraction`·L⌉) once p̂95 < `grow_ratio`·T for `grow_after_samples`
+  samples in a row and `grow_cooldown_s` has passed since the last change; hold in between
+  (the dead band). At one step a second noise has many chances to cross a line, so the
+  EWMA weight is small and the growth line sits well under the cut line: the steady state
+  is then not a cut-and-grow cycle at the line.
 
-Measured in the heat lab (tests/benchmarks/bench_control.py), that law as written holds chat
-but stays at its default allowance on most cards: a GeForce or a workstation card under load
-sits at its power cap (SwPowerCap) or its temperature target (SwThermalSlowdown) for hours,
-so "until clocks are normal" never comes. What is changed here, each a `ControlConfig` field
-(`design_law()` puts DESIGN.md's law back):
+On top of that core, each a `ControlConfig` field (`design_law()` turns them all off and
+puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
 
 - `freeze="falling"`: heat means "don't probe upward *while it gets worse*". The ceiling is
   frozen while the SM clock is still falling under a thermal reason and released once it
   has held for `freeze_release_s`; a card settled at a lower clock is a slower card, which
   the latency feedback handles. A power cap alone never freezes: the clock it sets moves
-  with our own load.
+  with our own load. ("throttled" freezes under any thermal or power reason until the
+  clocks are normal, which a card at its power cap or temperature target may never be.)
 - `window_s`: the SLO is judged per minute, so a few slow answers are a violation whatever
   an EWMA says. The signal is the larger of the EWMA's p̂95 and the empirical p95 of the
   samples of the last `window_s` seconds since the last cut.
@@ -39,54 +40,40 @@ so "until clocks are normal" never comes. What is changed here, each a `ControlC
   sheds batch in proportion at once, and how the surge went (its chat p95 over its first
   `window_s`, the minute the SLO loses or keeps) teaches a ceiling: a surge missed from
   level L caps growth at `surge_backoff`·L; one as large, met from the cap with room to
-  spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉).
+  spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉). Surges are
+  counted from chat *arrivals* when the serving layer reports them
+  (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
+  behind itself.
 - `app_limited_headroom`: never grow more than this above what the batch job has in flight
   (Gradient2's "don't grow the limit if we are app limited"): an allowance nobody uses buys
   nothing, and lets a sudden batch burst swamp chat at once. It also paces growth: every
   request admitted starts with a long prefill, and many admitted at once prefill together
-  and stall chat for seconds (measured: a jump from 6 to 16 put chat TTFT at 4-5 s).
+  and stall chat for seconds.
 - `cut_from_running`: a cut (proportional or halving) is taken from what runs,
   min(allowance, batch in flight): an allowance above the batch requests in flight is room
-  nobody uses, and a cut of that room alone changes nothing for chat (measured: cuts of 66
-  to 65 with 64 running, each undone a step later, were a sixth of the datacenter
-  scenario's changes in steady state).
+  nobody uses, and a cut of that room alone changes nothing for chat.
 - `grow_fast_below`: far below the target (p̂95 < this × T) growth is multiplicative
   (`grow_fast_fraction`), so an allowance cut by a passing burst comes back in a few steps.
-- One step a second (the daemon's `control.interval`, the lab's INTERVAL_S), not five: a
-  chat burst turns into a queue within seconds, and at 5-s steps its surge was confirmed
-  10-15 s in, when most of that minute's allowance of slow answers was spent. Five times
-  as many decisions give noise five times as many chances to cross a line, so the signals
-  are steadier to match: EWMA weight 0.05 (0.1 before), a surge needs z 3 (2.5) for three
-  steps in a row, and growth stops at 0.7 T (DESIGN.md: 0.8), so the steady state is not a
-  cut-and-grow cycle at the line. `design_law()` keeps 0.1 and 0.8.
-- Surges are counted from chat *arrivals* when the serving layer reports them
-  (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
-  behind itself, which put the shed 24 s into one measured burst instead of 4 s.
 - `engine_slots`, `slot_reserve`, `slot_margin`: the cliff is often the engine's slots, not
   its speed. An engine runs at most max_num_seqs (llama.cpp: --parallel) sequences; a chat
   request that finds them all taken waits for one to finish, and batch requests hold theirs
-  for their whole life. Measured in a burst at 3x: batch 16 + chat 16 filled 32 slots 3 s
-  in, and chat waited behind them until the shed batch drained. So growth stops at
-  slots − `slot_reserve` × the usual chat in flight (room for a burst), and when batch +
-  chat in flight pass slots − `slot_margin` (at most an eighth of the slots: 4 is half of an
-  8-slot llama.cpp server), batch is cut to what is left at once, with no
-  drain time to wait for: it is a count, not an estimate. Both need the slot count and the
-  chat in flight (`ControlInput.chat_inflight`); without either they are off.
+  for their whole life. So growth stops at slots − `slot_reserve` × the usual chat in
+  flight (room for a burst), and when batch + chat in flight pass slots − `slot_margin` (at
+  most an eighth of the slots), batch is cut to what is left at once, with no drain time to
+  wait for: it is a count, not an estimate. Both need the slot count and the chat in flight
+  (`ControlInput.chat_inflight`); without either they are off.
 - A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
-  says nothing about the card. (Measured: a shed during the first heat-up held the
-  allowance at 1 for 14 minutes.)
+  says nothing about the card.
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
-  step). Arrivals are Poisson and false alarms happen a few times an hour; one that then
-  regrew a step at a time cost a dozen changes. Where the serving layer ramps a raise
-  (`serving_ramps`: the gateway's batch ramp, read back from GET /control), a surge met with
-  room to spare (p95 under `grow_ratio`·T) comes back in one write once chat arrives and
-  runs as usual again, and the gateway lets the requests in one at a time. Stepping back
-  up cost 5-6 writes per false alarm, because the headroom allows 2 more per step; over 30
-  calm runs (the same chat for both), the worst went from 46.7 to 26.7 changes an hour.
-  Growing by more than 2 a step without a ramp let 6 prefills start at once and pushed
-  chat's p95 to 2.1 s. A surge missed with no batch running (the allowance already at the
-  floor) teaches no surge cap: chat alone was too much. (Measured: such a surge set the cap
-  to 0, and batch stayed there for the last half hour.)
+  step): arrivals are Poisson, false alarms happen a few times an hour, and each should cost
+  a few changes. Where the serving layer ramps a raise (`serving_ramps`: the gateway's
+  batch ramp, read back from GET /control), a surge met with room to spare (p95 under
+  `grow_ratio`·T) comes back in one write once chat arrives and runs as usual again, and
+  the gateway lets the requests in one at a time. A surge missed with no batch running
+  (the allowance already at the floor) teaches no surge cap: chat alone was too much.
+
+docs/control.md tells why each rule exists and how the values were chosen, with the heat
+lab's figures.
 """
 
 from __future__ import annotations
@@ -122,7 +109,7 @@ class ControlConfig:
     max_cut_factor: float = 0.5  # a proportional cut keeps at least this share of L
     ewma_alpha: float = 0.05  # weight of one sample in the EWMA of ln TTFT
     min_samples: int = 5  # no decision before this many samples
-    freeze: str = "falling"  # "throttled" (DESIGN.md), "falling" or "off"; module docstring
+    freeze: str = "falling"  # "throttled" (the starting point), "falling" or "off"; module doc
     freeze_release_s: float = 180.0
     min_clock_drop: float = 0.01  # a clock fall smaller than this share is noise (one bin)
     clock_normal_ratio: float = 0.0  # "throttled": a busy clock under this × max throttles
@@ -187,7 +174,10 @@ class ControlConfig:
 
 
 def design_law(config: ControlConfig) -> ControlConfig:
-    """The same settings with every change turned off: DESIGN.md's law as written."""
+    """The same settings with every addition turned off: the starting-point law.
+
+    docs/control.md, "The starting point", describes that law.
+    """
     return replace(
         config,
         freeze="throttled",
@@ -374,16 +364,15 @@ class AllowanceController:
             self.surge_base, self.surge_peak = level, 0.0
             # A surge is confirmed steps after it began, and a latency cut often comes
             # first: what it was met or missed from is the level before those cuts, and how
-            # chat fared counts from its first seconds. Learning from the cut level instead
-            # sank the cap to 1 after one missed surge; judging only what came after the
-            # confirmation called a surge "met" whose minute was lost before the shed.
+            # chat fared counts from its first seconds. The cut level would teach a cap far
+            # too low, and what comes after the confirmation alone would call a surge "met"
+            # whose minute was lost before the shed.
             self.surge_onset = max(lv for _, lv in self.recent_levels)
             self.surge_samples = list(self.recent_samples)
         elif not surging and self.surge_base is not None:
             # Judged as the SLO is, per minute: the burst's first minute is where it is won
-            # or lost, and the minutes after its shed would water that down (measured: a
-            # surge whose first minute was lost counted as met over its two minutes, taught
-            # no cap, and regrew fast to where the next burst was lost too).
+            # or lost, and the minutes after its shed would water that down, so a surge
+            # whose first minute was lost would count as met and teach no cap.
             judged = self.surge_samples
             if c.window_s > 0 and judged:
                 judged = [x for x in judged if x[0] < judged[0][0] + c.window_s]
@@ -403,8 +392,7 @@ class AllowanceController:
                 # Met from the cap with room to spare, and as big as the one that was
                 # missed (a small surge met says little about a big one): try one more.
                 # One step of ordinary growth: one more on a small engine, 5 % on a large one,
-                # where one at a time took hours to win back a halved cap (measured: a
-                # 128-slot engine's cap went 33 to 39 in 90 minutes).
+                # where one at a time would take hours to win back a halved cap.
                 self.surge_cap += max(1, math.ceil(c.grow_fraction * self.surge_cap))
             # A surge met: what it shed comes back at the fast pace, not one step at a time
             # (a false alarm then costs a few changes, not a dozen).
@@ -510,8 +498,8 @@ class AllowanceController:
             # on what the new one does.
             self.window.clear()
             # A shed for load is not news about heat: the frozen ceiling stays where heat
-            # put it (measured: a burst shed during the first heat-up held the allowance at
-            # 1 for 14 minutes).
+            # put it, or a burst shed during a heat-up would hold the allowance that low
+            # until the clocks settle.
             if self.frozen_ceiling is not None and not load_cut:
                 self.frozen_ceiling = min(self.frozen_ceiling, after)
         if after != level:
@@ -562,7 +550,7 @@ class AllowanceController:
         """Chat arrives and runs as usual again: the surge is over, not just learned as usual.
 
         A burst that lasts longer than its detector's memory stops counting as a surge
-        while it still runs (measured: a 4x burst "ended" 86 s into its 120 s).
+        while it still runs, so arrivals and chat in flight must be near usual too.
         """
         if self.surge.last_ratio >= 1.25:
             return False

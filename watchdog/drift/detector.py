@@ -89,7 +89,7 @@ def calibrate(baseline: Baseline, config: DriftConfig) -> Calibration:
     c = config.clip_z
     # One standard error (1/sqrt(n)) added to the estimated autocorrelation, for the same
     # reason as the margin on k: an underestimate lowers the threshold below what the noise
-    # needs, and false alarms in the benchmark came from baselines that had underestimated it.
+    # needs, and that is where the benchmark's false alarms come from.
     n = max(baseline.n, 1)
     rho = stats.clip(baseline.z_lag1 + config.margin_se / math.sqrt(n), 0.0, config.max_lag1)
     scale = math.sqrt(max(baseline.z_var, 1e-6) * (1.0 + rho) / (1.0 - rho))

@@ -1,9 +1,9 @@
 """`llm-watchdog replay TRACE.csv`: the daemon's drift monitor over a recorded trace.
 
-The trace is the CSV of DESIGN.md's "Replay trace" contract: a header row, one row per canary
-probe, `ts` and `ttft_ms` required, every other column optional and any cell but `ts` may be
-empty. The whole file is parsed and checked before the first observation is replayed, so a
-bad row is reported with its line number and nothing is half-written.
+The trace is the replay-trace CSV (README.md, "Replay traces"; docs/drift.md): a header row,
+one row per canary probe, `ts` and `ttft_ms` required, every other column optional and any
+cell but `ts` may be empty. The whole file is parsed and checked before the first observation
+is replayed, so a bad row is reported with its line number and nothing is half-written.
 
 When the trace has no `cold` column, cold starts are classified the way the daemon does it
 (`classify_cold`): the first probe, and the first after a gap longer than `idle_after_s`.
@@ -23,7 +23,7 @@ from llm_watchdog.drift.values import DriftConfig, DriftEvent, Observation
 from llm_watchdog.errors import WatchdogError
 
 REQUIRED = ("ts", "ttft_ms")
-# The replay trace contract of DESIGN.md, in its order.
+# The replay trace contract (README.md, "Replay traces"), in its order.
 CONTRACT_COLUMNS = (
     *REQUIRED,
     "ok",

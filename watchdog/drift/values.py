@@ -23,7 +23,7 @@ CHANGES = ("opened", "updated", "closed", "instant")
 class Observation:
     """One canary probe with the GPU state beside it: a row of the replay trace.
 
-    Field for field the columns of the replay CSV contract (DESIGN.md), plus the GPU's
+    Field for field the columns of the replay CSV contract (README.md), plus the GPU's
     slowdown temperature, which NVML reports once per GPU rather than per sample.
     """
 
@@ -195,8 +195,8 @@ class DriftConfig:
     # after every start and every runtime change. Fewer makes the baseline's median wander
     # (standard error ~1.25 sigma/sqrt(n)), and a CUSUM's false-alarm rate grows roughly
     # exponentially with that offset; the detector adds one standard error as a margin, which
-    # slows detection as n shrinks. More buys little: 8 quiet weeks at sigma_log 0.2 gave one
-    # false alarm with 300, none with 1000, at the price of 2.8 hours of blindness.
+    # slows detection as n shrinks. More buys few false alarms for hours more without
+    # detection (docs/drift.md has the figures).
     baseline_n: int = 300
     # Warm ok probes to wait for unthrottled ones before learning from throttled ones anyway
     # (a GPU that sits at its power cap under batch load would otherwise never get a baseline).
@@ -204,7 +204,7 @@ class DriftConfig:
     # Detector: the smallest TTFT ratio worth an alarm sets the CUSUM reference value.
     shift_ratio: float = 1.3
     # Nominal in-control run length (~8 weeks at 10 s). Siegmund's formula is optimistic for
-    # AR(1) noise: measured 0.2 false alarms per week at sigma_log 0.2 (benchmark, 10 weeks).
+    # AR(1) noise, so the false-alarm rate is higher than nominal (docs/drift.md).
     arl0_probes: float = 500_000.0
     end_arl_probes: float = 20_000.0  # nominal run length to a false end at the design shift
     # Standard errors of the baseline's median and autocorrelation added to k and rho: a
@@ -215,9 +215,9 @@ class DriftConfig:
     max_lag1: float = 0.8
     telemetry_assist: bool = True  # SM clock down >= assist_clock_drop: alarm at assist_h_factor h
     assist_clock_drop: float = 0.10
-    # 0.5 raised 10 false alarms in 36 h of a -15 % clock throttle that left TTFT alone (an
-    # engine not bound by the GPU); 0.6 none there (one in the benchmark's 107 h of such
-    # throttles) and costs about one probe of median delay.
+    # Low enough that a slower clock brings the alarm early, high enough that a clock throttle
+    # that leaves TTFT alone (an engine not bound by the GPU) raises no alarm (docs/drift.md
+    # tells how it was chosen).
     assist_h_factor: float = 0.6
     p95_window: int = 30  # recent warm probes (5 min) behind the "p95 TTFT" of an event
     # Cause.

@@ -1,7 +1,8 @@
 """The quality gate and the failed-probe watch: rates over a window, not single outcomes.
 
-One wrong answer from a small model is noise (DESIGN.md measured 37/40 passes with one nonce
-placement); a rise of the failure rate that the baseline rate cannot explain is an event.
+One wrong answer from a small model is noise (docs/probe.md: 37/40 passes with the nonce
+before the question); a rise of the failure rate that the baseline rate cannot explain is an
+event.
 """
 
 from __future__ import annotations

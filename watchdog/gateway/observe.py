@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 # Seconds. TTFT spans a cached 17 ms answer to a multi-second prefill under load (see
-# DESIGN.md, "What a real engine showed"); queue waits span 0 to max_queue_wait_s.
+# docs/probe.md); queue waits span 0 to max_queue_wait_s.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 

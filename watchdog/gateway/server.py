@@ -31,7 +31,7 @@ class ListenError(OSError):
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
-    # IPPROTO_TCP, and accepted sockets inherit it. With proto 0, Nagle held every body
+    # IPPROTO_TCP, and accepted sockets inherit it. With proto 0, Nagle holds every body
     # chunk written after the headers until the client's delayed ACK (~40 ms on Linux).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
@@ -80,7 +80,7 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn raises the signal again after its graceful shutdown, so the process dies
-        # "killed by SIGTERM"; a clean stop on request should exit 0 (DESIGN.md exit codes).
+        # "killed by SIGTERM"; a clean stop on request should exit 0 (gateway/cli.py's codes).
         if threading.current_thread() is not threading.main_thread():
             yield
             return

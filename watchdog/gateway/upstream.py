@@ -1,13 +1,13 @@
 """The engine behind the gateway: kept-alive HTTP/1.1 connections, one request at a time each.
 
 An asyncio Protocol per connection with h11 (the HTTP/1.1 state machine httpx and uvicorn
-use) for the framing. Why not httpx: measured with tests/benchmarks/bench_gateway.py at
-64 open streams, httpcore 1.0's pool re-scanned every connection on every request (two
-thirds of the gateway's CPU), and its anyio locks and stream checkpoints yield to the event
-loop about ten times per request; under load each yield waits behind every chunk being
-relayed, which added tens of milliseconds to time to first token. Here a request waits
-for the loop only when it waits for the network, and everything the engine sent in one
-read (several SSE events, or the headers and the first event) is relayed in one write.
+use) for the framing. Why not httpx: httpcore's pool scans its connections on every request,
+and its locks and stream checkpoints yield to the event loop several times per request;
+under load each yield waits behind every chunk being relayed, which adds to time to first
+token (docs/gateway.md has the measurement, from tests/benchmarks/bench_gateway.py). Here a
+request waits for the loop only when it waits for the network, and everything the engine
+sent in one read (several SSE events, or the headers and the first event) is relayed in one
+write.
 A proxy uses nothing httpx adds on top (cookies, redirects, auth); a client's cookie jar
 would even carry one user's cookies into the next user's requests.
 
@@ -33,7 +33,7 @@ from llm_watchdog.gateway.config import GatewayConfig
 # Idle connections kept per engine; more than the engine runs at once is of no use.
 MAX_IDLE_CONNECTIONS = 256
 # A connection idle longer than this is closed rather than reused: engines close idle
-# connections on their own timers (DESIGN.md), and uvicorn's default is 5 s.
+# connections on their own timers (docs/probe.md, "Keep-alive"), and uvicorn's default is 5 s.
 KEEPALIVE_S = 4.0
 # Stop reading from the engine while this much of its answer waits for a slow client.
 READ_HIGH_WATER_BYTES = 256 * 1024
@@ -300,7 +300,7 @@ class Upstream:
             except _Closed as exc:
                 self.release(conn, complete=False)
                 # A kept-alive connection the engine closed just as it was taken fails like
-                # this, before any answer (DESIGN.md); once more on a fresh connection.
+                # this, before any answer (docs/probe.md); once more on a fresh connection.
                 if reused and attempt == 1:
                     continue
                 raise UpstreamError(

@@ -20,7 +20,7 @@ Timeouts, all separate:
                            the socket down at the deadline; a per-read timeout would not)
     total_timeout_s        request sent -> end of the answer
 
-Prompt cache (measured on llama.cpp: 17 ms cached vs 158 ms busted TTFT p50, see DESIGN.md):
+Prompt cache (measured on llama.cpp: 17 ms cached vs 158 ms busted TTFT p50, docs/probe.md):
     cache_mode "bust" with engine hint "llamacpp": `cache_prompt: false`, llama.cpp's own
         per-request switch; the prompt stays byte-identical     -> cache_bust "cache_prompt_false"
     cache_mode "bust" otherwise: a random nonce opens a leading system message (a nonce

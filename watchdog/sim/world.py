@@ -37,8 +37,8 @@ class World:
         self.thermal = thermal  # False: the card is held at its starting temperature ("cool")
         # One stream per source of chance, so what one draws never shifts another: every
         # controller run with the same seed meets the same chat, to the request (common
-        # random numbers). With one shared stream, a controller that let in one more batch
-        # request drew its length from the stream, and every chat arrival after it moved.
+        # random numbers). With one shared stream, a controller that lets in one more batch
+        # request draws its length from the stream, and every chat arrival after it moves.
         self.rng_chat_arrivals = random.Random(f"{seed}:chat-arrivals")
         self._rngs = {cls: random.Random(f"{seed}:{cls}") for cls in ("chat", "batch")}
         self._rng_batch_pace = random.Random(f"{seed}:batch-pace")
