@@ -25,15 +25,14 @@ from llm_watchdog.actuators.base import (
     ENV_LEASE_S,
     ENV_REASON,
     ActuatorError,
-    CommandActuator,
-    GatewayActuator,
-    HaproxyActuator,
-    HttpActuator,
     ReadBack,
     check,
-    fill,
     not_effective_event,
 )
+from llm_watchdog.actuators.command import CommandActuator
+from llm_watchdog.actuators.gateway import GatewayActuator
+from llm_watchdog.actuators.haproxy import HaproxyActuator
+from llm_watchdog.actuators.http import HttpActuator, fill
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from tests.streamserver import StreamServer, closed_port_url
 

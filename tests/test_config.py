@@ -7,12 +7,12 @@ import pytest
 
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import (
-    EX_CONFIG,
     ConfigError,
     Settings,
     load_settings,
     settings_from_dict,
 )
+from llm_watchdog.errors import EX_CONFIG
 from llm_watchdog.resources import package_file
 
 

@@ -14,8 +14,8 @@ import click
 
 from llm_watchdog import __version__
 from llm_watchdog.cli.timeargs import parse_when
-from llm_watchdog.config import EX_CONFIG, ConfigError, Settings, load_settings
-from llm_watchdog.errors import EXIT_FAILURE
+from llm_watchdog.config import Settings, load_settings
+from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, ConfigError
 from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
 from llm_watchdog.store.db import Store, StoreError

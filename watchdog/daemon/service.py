@@ -25,7 +25,8 @@ import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from llm_watchdog.actuators.base import CommandActuator, HaproxyActuator
+from llm_watchdog.actuators.command import CommandActuator
+from llm_watchdog.actuators.haproxy import HaproxyActuator
 from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics

@@ -15,16 +15,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
-from llm_watchdog.actuators.base import (
-    Actuator,
-    ActuatorError,
-    GatewayActuator,
-    not_effective_event,
-)
+from llm_watchdog.actuators.base import Actuator, ActuatorError, not_effective_event
+from llm_watchdog.actuators.gateway import GatewayActuator
 from llm_watchdog.control.law import (
     AllowanceController,
     ControlAction,
@@ -41,10 +35,20 @@ from llm_watchdog.store.control import (
 )
 from llm_watchdog.store.db import Store
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger("llm_watchdog.daemon.steer")
 
 # Holds are the law's most common answer; one stored per minute is enough to show it ran.
 HOLD_RECORD_EVERY_S = 60.0
+
+
+class ChatObserver(Protocol):
+    """Where real chat traffic is seen (the gateway): `observed(since_ts)` answers the
+    `GET /control/observed` object, or raises ActuatorError."""
+
+    def observed(self, since_ts: float) -> dict[str, Any]: ...
 
 
 class Steer:
@@ -57,11 +61,10 @@ class Steer:
         store: Store,
         *,
         alerts: Any | None = None,
-        observed_url: str | None = None,
+        observer: ChatObserver | None = None,
         canaries_via_gateway: bool = True,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        transport: httpx.BaseTransport | None = None,
         dry_run: bool = False,
     ) -> None:
         self.config = config
@@ -74,12 +77,7 @@ class Steer:
         self.clock = clock
         self.monotonic = monotonic
         # The gateway sees every chat request, canaries included: its TTFTs are the signal.
-        self._observed = (
-            httpx.Client(transport=transport, timeout=3.0, trust_env=False)
-            if observed_url
-            else None
-        )
-        self._observed_url = observed_url
+        self._observer = observer
         # When the canaries go through the gateway it has already seen them: do not count
         # them twice. When they go to the engine directly, both are signal.
         self._canaries_via_gateway = canaries_via_gateway
@@ -149,18 +147,15 @@ class Steer:
             failed = self._failed_canaries
             self._canary_ttfts.clear()
             self._failed_canaries = 0
-        if self._observed is None:
+        if self._observer is None:
             return canaries, failed, None, None
         since = self._observed_since if self._observed_since is not None else self.clock() - 30
         try:
-            resp = self._observed.get(
-                f"{self._observed_url}/control/observed", params={"since": f"{since:.3f}"}
-            )
-            data = resp.json()
+            data = self._observer.observed(since)
             chat = data["ttft"]["chat"]
             self._observed_since = float(data.get("now", self.clock()))
             seen = [float(x["ttft_ms"]) for x in chat]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (ActuatorError, ValueError, KeyError, TypeError) as exc:
             log.debug("gateway TTFTs unavailable (%s); using canaries", exc)
             return canaries, failed, None, None
         ttfts = seen if self._canaries_via_gateway and seen else seen + canaries
@@ -306,12 +301,18 @@ class Steer:
         }
 
     def close(self) -> None:
-        if self._observed is not None:
-            self._observed.close()
         self.actuator.close()
 
 
 def gateway_steer(
-    config: ControlConfig, url: str, token: str | None, store: Store, **kwargs: Any
+    config: ControlConfig,
+    url: str,
+    token: str | None,
+    store: Store,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    **kwargs: Any,
 ) -> Steer:
-    return Steer(config, GatewayActuator(url, token), store, observed_url=url.rstrip("/"), **kwargs)
+    """A loop over the project's gateway, which is also where chat's own TTFTs come from."""
+    gateway = GatewayActuator(url, token, transport)
+    return Steer(config, gateway, store, observer=gateway, **kwargs)
