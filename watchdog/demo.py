@@ -231,7 +231,7 @@ def summary(result: DemoResult) -> list[str]:
     warm = [(t, r, g, a) for t, r, g, a in result.probes if r.ok and not r.cold and r.ttft_ms]
     lines = ["", "summary"]
     if warm:
-        ttfts = [r.ttft_ms for _, r, _, _ in warm]
+        ttfts = [t for _, r, _, _ in warm if (t := r.ttft_ms) is not None]
         lines.append(
             f"  probes           {len(result.probes)}; warm TTFT p50 "
             f"{statistics.median(ttfts):.0f} ms, p95 {_p95(ttfts):.0f} ms"
@@ -252,7 +252,7 @@ def summary(result: DemoResult) -> list[str]:
         lines.append(f"  batch allowance  {path}")
     for label, start, end in result.phases:
         rows = [(r, g, a) for t, r, g, a in result.probes if start <= t < end]
-        ttfts = [r.ttft_ms for r, _, _ in rows if r.ok and not r.cold and r.ttft_ms]
+        ttfts = [t for r, _, _ in rows if r.ok and not r.cold and (t := r.ttft_ms)]
         allow = [a for _, _, a in rows if a is not None]
         clocks = [g.sm_clock_mhz for _, g, _ in rows if g is not None and g.sm_clock_mhz]
         if not ttfts:

@@ -66,11 +66,11 @@ def as_recorder(target: Any) -> Recorder:
     if target is None:
         return lambda row: None
     if hasattr(target, "record"):
-        return target.record  # type: ignore[no-any-return]
+        return target.record
     if hasattr(target, "insert"):
         return lambda row: target.insert(ALERTS_TABLE, row)
     if callable(target):
-        return target  # type: ignore[no-any-return]
+        return target
     raise TypeError("recorder must be callable, have record(row), or have insert(table, row)")
 
 

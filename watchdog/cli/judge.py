@@ -336,6 +336,7 @@ def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
         return
     settings = settings_from(ctx)
     since_ts = when_arg(since, time.time())
+    assert since_ts is not None  # --since has a default
     with open_store(settings) as store:
         rows = deliveries(store, since_ts)
     if failed:

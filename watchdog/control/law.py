@@ -537,7 +537,12 @@ class AllowanceController:
             if used < limit:
                 limit, why_limit = used, f"in-flight {inp.batch_inflight} + headroom"
         after = min(level + step, limit)
-        if regrowing and self.regrow_at_once and self._chat_as_usual(inp):
+        if (
+            self.regrow_to is not None
+            and regrowing
+            and self.regrow_at_once
+            and self._chat_as_usual(inp)
+        ):
             # The serving layer lets them in a request at a time: no prefill stampede for
             # the headroom to pace, and one write instead of a step every cooldown.
             after = min(self.regrow_to, hard_limit)

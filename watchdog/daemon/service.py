@@ -105,7 +105,7 @@ class Daemon:
         self.probe_set: ProbeSet = load_probe_set(settings.probe.probe_set)
         self.api_key = settings.api_key()
         gpu = settings.gpu
-        indices = None if gpu.indices == "all" else list(gpu.indices)
+        indices = None if isinstance(gpu.indices, str) else [int(i) for i in gpu.indices]
         self.reader = NvmlReader(
             nvml=nvml, indices=indices, call_timeout_s=gpu.call_timeout_s, clock=clock
         )

@@ -27,7 +27,7 @@ MAX_REASON_CHARS = 500
 
 
 def _gw(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    return request.app.state.gateway
 
 
 def _error(status: int, message: str, kind: str, code: str, **headers: str) -> JSONResponse:

@@ -83,9 +83,9 @@ def classify(headers: list[tuple[bytes, bytes]], config: GatewayConfig) -> str:
             )
         return cls
     if auth is not None and config.key_classes:
-        scheme, _, key = auth.decode("latin-1").partition(" ")
+        scheme, _, api_key = auth.decode("latin-1").partition(" ")
         if scheme.lower() == "bearer":
-            found = config.key_classes.get(key.strip())
+            found = config.key_classes.get(api_key.strip())
             if found is not None:
                 return found
     return config.default_class

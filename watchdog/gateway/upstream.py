@@ -21,7 +21,7 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -174,7 +174,7 @@ class UpstreamResponse:
                 return value
         return b""
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """Body bytes as they arrive: all that one read brought, in one piece, undecoded."""
         conn = self._conn
         parts: list[bytes] = []
@@ -184,7 +184,7 @@ class UpstreamResponse:
             except h11.RemoteProtocolError as exc:  # e.g. closed inside a chunked body
                 raise UpstreamBroken(str(exc)) from None
             if type(event) is h11.Data:
-                parts.append(event.data)  # type: ignore[union-attr]
+                parts.append(event.data)
                 continue
             if parts:
                 # While the client takes these, more may arrive: ask h11 again after.
@@ -322,7 +322,7 @@ class Upstream:
                     502, f"upstream {self.base_url} sent a malformed answer: {exc}"
                 ) from exc
             if type(event) is h11.Response:
-                return event  # type: ignore[return-value]
+                return event
             if type(event) is h11.InformationalResponse:
                 continue  # 100 Continue and the like
             if event is h11.NEED_DATA:

@@ -258,7 +258,8 @@ class NvmlReader:
         logger: logging.Logger = _LOG,
         init_timeout_s: float = 10.0,
     ) -> None:
-        self._nvml = nvml
+        # A pynvml-like module (the real one, or a fake): untyped, as pynvml itself is.
+        self._nvml: Any = nvml
         self._indices = None if indices is None else list(indices)
         self._call_timeout_s = call_timeout_s
         self._init_timeout_s = max(init_timeout_s, call_timeout_s)
