@@ -43,7 +43,7 @@ TOKEN = "s3cret-control-token"
 
 
 class ControlServer:
-    """GET /control and PUT /control/classes/batch as in DESIGN.md, on 127.0.0.1 port 0.
+    """GET /control and PUT /control/classes/batch as in docs/gateway.md, on 127.0.0.1 port 0.
 
     `report` overrides the allowance GET reports (a layer that ignores writes), `inflight`
     is what GET reports as in flight; `puts` records every accepted PUT body.

@@ -1,7 +1,7 @@
 """The allowance law and its baselines, deterministic with injected time.
 
 Constant TTFT samples make p̂95 exact (σ̂ = 0: p̂95 is the sample itself), so every expected
-allowance below is computed by hand from DESIGN.md's law or from the Java source ported.
+allowance below is computed by hand from the starting-point law or from the Java source ported.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ COOL = GpuState(0, 1950.0, MAX_MHZ)
 
 
 def law(**changes: object) -> AllowanceController:
-    """DESIGN.md's law (every addition off) with a 1000 ms target and round numbers."""
+    """the starting-point law (every addition off) with a 1000 ms target and round numbers."""
     base = ControlConfig(
         target_p95_ms=T,
         floor=1,
@@ -67,7 +67,7 @@ def inp(now: float, ms: float | None = None, n: int = 5, **kw: object) -> Contro
     return ControlInput(now_s=now, chat_ttfts_ms=samples, **kw)  # type: ignore[arg-type]
 
 
-# -- DESIGN.md's law ----------------------------------------------------------------------
+# -- the starting-point law ----------------------------------------------------------------------
 
 
 def test_no_decision_before_enough_samples() -> None:
@@ -179,7 +179,7 @@ def test_freeze_under_throttling_until_clocks_are_normal_long_enough() -> None:
         == "freeze 8: p95≈400 ms low, held at the ceiling frozen while the card is throttled"
     )
     assert a.inputs["throttle_names"] == ["sw_thermal_slowdown"]
-    # the power cap freezes too, in DESIGN.md's law
+    # the power cap freezes too, in the starting-point law
     assert c.step(inp(40.0, 400.0, gpu=GpuState(SW_POWER_CAP, 1800.0, MAX_MHZ))).kind == "freeze"
     # clocks normal from t=80: still frozen at t=80+119, released at t=80+120
     assert c.step(inp(80.0, 400.0, gpu=COOL)).kind == "freeze"
@@ -205,7 +205,7 @@ def test_latency_only_mode_without_nvml() -> None:
     assert c.step(inp(40.0, 300.0, n=60)).kind == "grow"
 
 
-# -- the changes over DESIGN.md's law ------------------------------------------------------
+# -- the changes over the starting-point law ------------------------------------------------------
 
 
 def test_power_cap_alone_does_not_freeze_ours() -> None:
@@ -317,7 +317,7 @@ def test_on_a_large_engine_the_surge_cap_rises_by_a_growth_step() -> None:
 
 
 def test_a_cut_acts_on_what_runs_not_on_room_nobody_uses() -> None:
-    assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # DESIGN.md's
+    assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # the starting point's
     c = ours(default_allowance=16)
     # 8 of 16 running: a cut to 12 would change nothing; p̂95 1200 cuts 8 × 0.75
     a = c.step(inp(0.0, 1200.0, batch_inflight=8))
@@ -744,7 +744,7 @@ def test_lab_names_after_register() -> None:
     assert (inner.config.window_s, inner.config.freeze, inner.config.ceiling) == (30.0, "off", 48)
     design = make_controller("design", lab_context()).inner  # type: ignore[attr-defined]
     assert (design.config.freeze, design.config.surge_ratio) == ("throttled", 0.0)
-    # the engine's slots are known in the lab, but DESIGN.md's law does not use them
+    # the engine's slots are known in the lab, but the starting-point law does not use them
     assert design.config.engine_slots == 48
     assert (design.config.slot_reserve, design.config.slot_margin) == (0.0, -1)
     assert isinstance(make_controller("aimd:5", lab_context()), control_sim.SimController)

@@ -19,7 +19,7 @@ from llm_watchdog.actuators.base import (
 
 
 class GatewayActuator:
-    """The project's gateway, through its control API (DESIGN.md, "Control API")."""
+    """The project's gateway, through its control API (docs/gateway.md, "The control API")."""
 
     def __init__(
         self,

@@ -233,7 +233,7 @@ def _trace_columns() -> tuple[str, ...]:
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
-    """Write recorded probes as a replay trace (the CSV contract of DESIGN.md)."""
+    """Write recorded probes as a replay trace (the CSV contract in the README, "Replay traces")."""
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)

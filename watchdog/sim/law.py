@@ -10,7 +10,7 @@ import string, so the lab needs no import of this module), or as
 `llm_watchdog.sim.law:NAME[:ARG]`:
 
     ours[:k=v,...]       the allowance law with its additions (ControlConfig keys may be set)
-    design[:k=v,...]     DESIGN.md's law as written (every addition off)
+    design[:k=v,...]     the starting-point law as written (docs/control.md) (every addition off)
     aimd[:INTERVAL_S]    halve on a violating interval, +1 otherwise (default 10 s)
     gradient2[:QUEUE]    Netflix Gradient2Limit, queueSize QUEUE (default 4)
 """
@@ -37,7 +37,7 @@ from llm_watchdog.sim.controllers import (
 )
 
 # One decision per simulated second, as the daemon's default `control.interval`: a chat burst
-# is a cliff seconds after it starts, and at 5-s steps its surge was confirmed 10-15 s in.
+# is a cliff seconds after it starts, and a surge must be confirmed within its first seconds.
 INTERVAL_S = 1.0
 
 
