@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llm_watchdog.config import Settings
 from llm_watchdog.models import ERROR_CLASSES, ProbeResult
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.sets import Prompt, load_probe_set
@@ -144,10 +145,11 @@ def test_default_bust_puts_a_fresh_nonce_in_a_leading_system_message(srv: Stream
             "test-model",
             True,
             0,
-            1,
+            ProbeOptions.seed,  # the one default, the config's `probe.seed`
             16,
         )
     assert bodies[0]["messages"][0] != bodies[1]["messages"][0]
+    assert ProbeOptions.seed == Settings().probe.seed == 1234
 
 
 def test_bust_on_llamacpp_uses_its_own_switch_and_keeps_the_prompt(srv: StreamServer) -> None:
