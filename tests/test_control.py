@@ -317,7 +317,7 @@ def test_on_a_large_engine_the_surge_cap_rises_by_a_growth_step() -> None:
 
 
 def test_a_cut_acts_on_what_runs_not_on_room_nobody_uses() -> None:
-    assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # the starting point's
+    assert law().step(inp(0.0, 1200.0, batch_inflight=2)).allowance_after == 6  # as the start
     c = ours(default_allowance=16)
     # 8 of 16 running: a cut to 12 would change nothing; p̂95 1200 cuts 8 × 0.75
     a = c.step(inp(0.0, 1200.0, batch_inflight=8))

@@ -1,4 +1,4 @@
-"""`replay`: CSV traces in the replay-trace contract (README), checked whole before anything is replayed."""
+"""`replay`: CSV traces in the replay-trace contract (README), checked whole before replaying."""
 
 from __future__ import annotations
 
