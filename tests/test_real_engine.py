@@ -20,7 +20,7 @@ from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import load_probe_set
 from llm_watchdog.store.db import Store
 
-from tests.llamacpp import LlamaServer, Unavailable
+from tests.helpers.llamacpp import LlamaServer, Unavailable
 
 pytestmark = pytest.mark.real_engine
 

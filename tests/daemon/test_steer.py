@@ -16,7 +16,7 @@ from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.store.db import Store
 
-from tests.streamserver import StreamServer
+from tests.helpers.streamserver import StreamServer
 
 TOKEN = "test-token"
 

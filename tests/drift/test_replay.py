@@ -15,7 +15,7 @@ from llm_watchdog.drift.replay import (
     replay_observations,
 )
 
-TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 HEADER = "ts,ttft_ms,ok,cold,quality_pass,gpu_temp_c,throttle_reasons"
 CONTRACT_KEYS = [
     "start_ts",

@@ -16,10 +16,10 @@ from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
 
-from tests.fakenvml import scenario_basic
-from tests.streamserver import StreamServer, closed_port_url
+from tests.helpers.fakenvml import scenario_basic
+from tests.helpers.streamserver import StreamServer, closed_port_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def settings_for(url: str, db: Path, **probe: object):

@@ -7,7 +7,7 @@ llm_watchdog.nvml.reader uses (REQUIRED_NVML_FUNCTIONS) in plain Python over Fak
 Passed in,
 never patched over the real module.
 
-    from tests.fakenvml import scenario_basic
+    from tests.helpers.fakenvml import scenario_basic
     reader = NvmlReader(nvml=scenario_basic())
 
 Importing pynvml here is safe without a GPU: nvidia-ml-py loads libnvidia-ml only in nvmlInit.

@@ -20,7 +20,7 @@ from llm_watchdog.probe.streams import (
     parser_for,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "data" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
 ANSWER = "The capital of France is Paris."
 
 

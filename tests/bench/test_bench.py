@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from llm_watchdog.bench.loadgen import BatchLoad, document, extraction_messages
 from llm_watchdog.cli.main import _register_commands, cli
 
-from tests.streamserver import StreamServer
+from tests.helpers.streamserver import StreamServer
 
 _register_commands()
 

@@ -1,6 +1,6 @@
 """A controllable OpenAI-compatible streaming server for tests, on 127.0.0.1, port 0.
 
-    from tests.streamserver import StreamServer, closed_port_url
+    from tests.helpers.streamserver import StreamServer, closed_port_url
 
     with StreamServer(answer="Paris", first_token_delay_s=0.05) as srv:
         srv.url              # "http://127.0.0.1:PORT" (srv.v1 adds "/v1")
@@ -63,10 +63,10 @@ reused, and t_request_ns, t_received_ns, t_first_token_ns from `time.perf_counte
 `unanswering_port(kind)` is a context manager giving the URL of a socket that never answers:
 kind "full_backlog" (its accept queue is full, so connecting times out) or "silent" (the
 connection is made, but no byte ever comes back).
-Run as a script (`python tests/streamserver.py --first-token-delay-s 0.05`) it prints its URL
-on the first line of stdout and serves until its stdin closes; each stdin line `name=number`
-(e.g. `first_token_delay_s=0.2`) changes the behaviour and is answered `ok`. The benchmarks
-use it so, in its own process.
+Run as a script (`python tests/helpers/streamserver.py --first-token-delay-s 0.05`) it prints
+its URL on the first line of stdout and serves until its stdin closes; each stdin line
+`name=number` (e.g. `first_token_delay_s=0.2`) changes the behaviour and is answered `ok`. The
+benchmarks use it so, in its own process.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
 
-from tests.fakenvml import scenario_basic
-from tests.streamserver import StreamServer, closed_port_url
+from tests.helpers.fakenvml import scenario_basic
+from tests.helpers.streamserver import StreamServer, closed_port_url
 
 _register_commands()
 

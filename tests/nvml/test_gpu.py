@@ -20,7 +20,7 @@ from llm_watchdog.nvml.reader import (
     missing_nvml_names,
 )
 
-from tests.fakenvml import (
+from tests.helpers.fakenvml import (
     FakeGpu,
     FakeNvml,
     LegacyFakeNvml,

@@ -35,7 +35,7 @@ from llm_watchdog.actuators.base import (
 )
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 
-from tests.streamserver import StreamServer, closed_port_url
+from tests.helpers.streamserver import StreamServer, closed_port_url
 
 TOKEN = "s3cret-control-token"
 

@@ -15,9 +15,9 @@ from llm_watchdog.probe.engine import (
     resolve_model,
 )
 
-from tests.streamserver import StreamServer, closed_port_url, unanswering_port
+from tests.helpers.streamserver import StreamServer, closed_port_url, unanswering_port
 
-LLAMACPP = Path(__file__).resolve().parent.parent / "data" / "fixtures" / "llamacpp"
+LLAMACPP = Path(__file__).resolve().parents[2] / "data" / "fixtures" / "llamacpp"
 
 
 @pytest.mark.parametrize(

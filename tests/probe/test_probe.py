@@ -13,9 +13,9 @@ from llm_watchdog.models import ERROR_CLASSES, ProbeResult
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.sets import Prompt, load_probe_set
 
-from tests.streamserver import StreamServer, closed_port_url, unanswering_port
+from tests.helpers.streamserver import StreamServer, closed_port_url, unanswering_port
 
-FIXTURES = Path(__file__).resolve().parent.parent / "data" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
 PARIS = Prompt(
     "capital-france",
     ({"role": "user", "content": "What is the capital of France? Answer in one word."},),

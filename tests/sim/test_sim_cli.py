@@ -108,10 +108,10 @@ def test_a_registered_controller_runs_by_name() -> None:
 
 def test_a_controller_can_be_named_by_import_path() -> None:
     code, out = invoke(
-        "run", "-s", "workstation", "--duration", "5m", "-c", "tests.test_sim_cli:make_fixed:3"
+        "run", "-s", "workstation", "--duration", "5m", "-c", "tests.sim.test_sim_cli:make_fixed:3"
     )
     assert code == 0, out
-    assert "controller tests.test_sim_cli:make_fixed:3" in out and "final 3" in out
+    assert "controller tests.sim.test_sim_cli:make_fixed:3" in out and "final 3" in out
 
 
 def make_fixed(arg: str | None, ctx: ControllerContext) -> StaticAllowance:
@@ -144,7 +144,7 @@ def test_serve_prints_the_url_and_config_and_stops_on_ctrl_c() -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert proc.stdout is not None

@@ -12,7 +12,7 @@ from llm_watchdog.sim.gpu import THROTTLE_BITS
 from llm_watchdog.sim.server import SimLab
 from llm_watchdog.store.db import Store
 
-from tests.test_sim_server import steady_decode_heat_scenario
+from tests.sim.test_server import steady_decode_heat_scenario
 
 
 @pytest.mark.slow
