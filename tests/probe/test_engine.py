@@ -17,7 +17,7 @@ from llm_watchdog.probe.engine import (
 
 from tests.helpers.streamserver import StreamServer, closed_port_url, unanswering_port
 
-LLAMACPP = Path(__file__).resolve().parents[2] / "data" / "fixtures" / "llamacpp"
+LLAMACPP = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
 
 
 @pytest.mark.parametrize(

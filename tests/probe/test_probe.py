@@ -15,7 +15,7 @@ from llm_watchdog.probe.sets import Prompt, load_probe_set
 
 from tests.helpers.streamserver import StreamServer, closed_port_url, unanswering_port
 
-FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PARIS = Prompt(
     "capital-france",
     ({"role": "user", "content": "What is the capital of France? Answer in one word."},),

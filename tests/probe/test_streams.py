@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from llm_watchdog.probe.streams import (
     parser_for,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ANSWER = "The capital of France is Paris."
 
 
@@ -240,15 +241,18 @@ def test_every_stream_fixture_has_an_expectation() -> None:
     assert on_disk == set(EXPECTED)
 
 
-SHARED_CAPTURES = FIXTURES.parents[2] / "shared" / "fixtures" / "llamacpp"
-
-
-@pytest.mark.skipif(not SHARED_CAPTURES.is_dir(), reason=f"no {SHARED_CAPTURES} on this machine")
-def test_llamacpp_captures_are_the_shared_ones_byte_for_byte() -> None:
-    shared = sorted(p.name for p in SHARED_CAPTURES.iterdir())
-    assert shared == sorted(p.name for p in (FIXTURES / "llamacpp").iterdir())
-    for name in shared:
-        assert (FIXTURES / "llamacpp" / name).read_bytes() == (SHARED_CAPTURES / name).read_bytes()
+def test_llamacpp_captures_are_the_recorded_ones_byte_for_byte() -> None:
+    # The parsers are checked byte for byte against these files, so an editor that rewrites
+    # line ends or trailing spaces would test something no engine sent. SHA256SUMS holds the
+    # digests of the files as captured (`sha256sum -c SHA256SUMS` checks them by hand too).
+    folder = FIXTURES / "llamacpp"
+    recorded: dict[str, str] = {}  # file name -> hex digest
+    for line in (folder / "SHA256SUMS").read_text(encoding="ascii").splitlines():
+        digest, name = line.split("  ", 1)
+        recorded[name] = digest
+    assert sorted(recorded) == sorted(p.name for p in folder.iterdir() if p.name != "SHA256SUMS")
+    for name, digest in recorded.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
 
 
 def test_every_written_fixture_folder_names_its_source() -> None:
