@@ -15,15 +15,9 @@ from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, as_recorde
 from llm_watchdog.alerts.sinks import BaseSink, DeliveryError
 from llm_watchdog.store.migrations import Migration, discover, m003_alerts, migrate
 
+from tests.helpers.builders import FakeClock
+
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class MemorySink(BaseSink):
@@ -75,7 +69,7 @@ def event(key: str, state: str = "firing", ts: float = T0, **kw: Any) -> AlertEv
 def make(sinks: list[Any], log: Any = None, sleeps: list[float] | None = None, **cfg: Any):
     config = AlertConfig(tick_interval_s=None, **cfg)
     sleep = (sleeps if sleeps is not None else []).append
-    return AlertManager(sinks, log, config, FakeClock(), sleep=sleep)
+    return AlertManager(sinks, log, config, FakeClock(T0), sleep=sleep)
 
 
 def test_fires_once_and_resolves_end_to_end() -> None:
@@ -154,7 +148,7 @@ def test_rate_limit_summary_is_delivered_on_tick() -> None:
         manager.submit(event("a"))
         manager.submit(event("b"))
         assert manager.tick() == []
-        clock.t += 61
+        clock.now += 61
         (summary,) = manager.tick()
         assert manager.flush(5)
     assert [a.state for a in sink.sent] == ["firing", "summary"]
@@ -193,7 +187,7 @@ def test_close_interrupts_a_retry_wait_and_records_why() -> None:
     sink, log = MemorySink(errors=[DeliveryError("503")] * 5), MemoryAlertLog()
     # Real sleep (the stop event): a 60 s backoff that close() must cut short.
     manager = AlertManager(
-        [sink], log, AlertConfig(backoff_s=60, tick_interval_s=None), FakeClock()
+        [sink], log, AlertConfig(backoff_s=60, tick_interval_s=None), FakeClock(T0)
     )
     manager.submit(event("a"))
     deadline = time.monotonic() + 5

@@ -21,6 +21,8 @@ from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, send_test
 from llm_watchdog.alerts.sinks import DeliveryError
 from llm_watchdog.alerts.webhook import WebhookSink, redact_url
 
+from tests.helpers.builders import FakeClock
+
 T0 = 1_700_000_000.0
 TOKEN = "T0KEN-s3cret-abcdef"
 
@@ -91,14 +93,6 @@ def receiver() -> Iterator[Receiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
-
-
-class FakeClock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def alert(state: str = "firing", **kw: Any) -> AlertEvent:
@@ -252,7 +246,7 @@ def manager_for(
     sink: WebhookSink, log: MemoryAlertLog, sleeps: list[float], **cfg: Any
 ) -> AlertManager:
     config = AlertConfig(tick_interval_s=None, **cfg)
-    return AlertManager([sink], log, config, FakeClock(), sleep=sleeps.append)
+    return AlertManager([sink], log, config, FakeClock(T0), sleep=sleeps.append)
 
 
 def test_retries_with_exponential_backoff_until_delivered(receiver: Receiver) -> None:
@@ -314,7 +308,7 @@ def test_send_test_reaches_every_sink_and_reports_each(receiver: Receiver) -> No
     good = WebhookSink(receiver.url, "slack", name="ops-slack")
     bad = WebhookSink(receiver.url, "discord", name="ops-discord")
     with good, bad:
-        results = send_test([good, bad], recorder=log, clock=FakeClock(), host="gpu-box")
+        results = send_test([good, bad], recorder=log, clock=FakeClock(T0), host="gpu-box")
     assert [(r.sink, r.ok) for r in results] == [("ops-slack", True), ("ops-discord", False)]
     assert "answered 403 Forbidden" in (results[1].error or "")
     assert receiver.seen[0].json() == {

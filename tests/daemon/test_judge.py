@@ -15,6 +15,7 @@ from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
 
+from tests.helpers.builders import FakeClock
 from tests.helpers.fakenvml import scenario_basic
 from tests.helpers.streamserver import StreamServer
 
@@ -70,7 +71,7 @@ def config(url: str, db, hook_url: str) -> dict:
 @pytest.mark.slow
 def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, hook):
     db = tmp_path / "wd.db"
-    clock = [1_800_000_000.0]
+    clock = FakeClock(1_800_000_000.0)
     # Jitter like a real engine's (σ_log 0.15): a noiseless server makes the baseline's
     # spread the 3 % floor, and on a loaded machine a few scheduling hiccups of 5-10 ms on
     # 50 ms then read as a slowdown of their own.
@@ -80,16 +81,14 @@ def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, hook):
         settings = settings_from_dict(config(srv.url, db, hook.url), "t.toml")
         with Store(db) as store:
             alert_cfg, sinks = load_alerts(settings.alerts)
-            manager = AlertManager(sinks, store, alert_cfg, clock=lambda: clock[0])
-            daemon = Daemon(
-                settings, store, nvml=scenario_basic(), clock=lambda: clock[0], alerts=manager
-            )
+            manager = AlertManager(sinks, store, alert_cfg, clock=clock)
+            daemon = Daemon(settings, store, nvml=scenario_basic(), clock=clock, alerts=manager)
             daemon.startup()
 
             def probes(n: int) -> list:
                 out = []
                 for _ in range(n):
-                    clock[0] += 10
+                    clock.now += 10
                     daemon.sample_gpu()
                     out.append(daemon.probe_once())
                 return out

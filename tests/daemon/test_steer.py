@@ -16,6 +16,7 @@ from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.store.db import Store
 
+from tests.helpers.builders import FakeClock
 from tests.helpers.streamserver import StreamServer
 
 TOKEN = "test-token"
@@ -36,14 +37,6 @@ def canary(ttft_ms: float, ok: bool = True) -> ProbeResult:
     )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @contextlib.contextmanager
 def rig(tmp_path: Path, **gateway: Any) -> Iterator[tuple[GatewayServer, Store]]:
     """A gateway (allowance 8 of 16, unless `gateway` says) before a stream server; a store."""
@@ -58,16 +51,16 @@ def rig(tmp_path: Path, **gateway: Any) -> Iterator[tuple[GatewayServer, Store]]
         yield gw, store
 
 
-def chat_at_4x_the_target(steer: Steer, clock: Clock) -> None:
+def chat_at_4x_the_target(steer: Steer, clock: FakeClock) -> None:
     for _ in range(12):
         for _ in range(3):
             steer.canary(canary(400.0))
-        clock.t += 5
+        clock.now += 5
         steer.step()
 
 
 def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(tmp_path):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     cfg = ControlConfig(
         target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
     )
@@ -76,7 +69,7 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
         try:
             chat_at_4x_the_target(steer, clock)  # the law must cut
             state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
-            clock.t += 30  # a drain time later the next step verifies the last write
+            clock.now += 30  # a drain time later the next step verifies the last write
             steer.step()
         finally:
             steer.close()
@@ -96,7 +89,7 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
 
 
 def test_a_dry_run_decides_and_records_but_leaves_the_gateway_alone(tmp_path):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0)
     with rig(tmp_path) as (gw, store):
         steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock, dry_run=True)
@@ -150,7 +143,7 @@ class Alerts:
 
 
 def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     alerts = Alerts()
     cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
     with Store(tmp_path / "wd.db") as store:
@@ -158,7 +151,7 @@ def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path
         for _ in range(12):
             for _ in range(3):
                 steer.canary(canary(400.0))
-            clock.t += 5
+            clock.now += 5
             steer.step()
         rows = store.rows(
             "SELECT verify_kind, verify_detail FROM control_actions WHERE verify_kind IS NOT NULL"
@@ -169,7 +162,7 @@ def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path
 
 
 def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     cfg = ControlConfig(target_p95_ms=1000.0, default_allowance=8, ceiling=16, engine_slots=32)
     with rig(tmp_path) as (gw, store):
         steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
@@ -178,9 +171,9 @@ def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
             for _ in range(3):
                 httpx.post(f"{gw.url}/v1/chat/completions", json=body).raise_for_status()
-            clock.t += 1
+            clock.now += 1
             second = steer.step()
-            clock.t += 1
+            clock.now += 1
             third = steer.step()
         finally:
             steer.close()

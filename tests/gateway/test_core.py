@@ -22,14 +22,7 @@ from llm_watchdog.gateway.proxy import (
     retry_after_from,
 )
 
-
-class FakeClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.helpers.builders import FakeClock
 
 # -- allowance and lease -----------------------------------------------------------------
 

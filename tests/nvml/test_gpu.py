@@ -20,6 +20,7 @@ from llm_watchdog.nvml.reader import (
     missing_nvml_names,
 )
 
+from tests.helpers.builders import FakeClock
 from tests.helpers.fakenvml import (
     FakeGpu,
     FakeNvml,
@@ -36,21 +37,6 @@ from tests.helpers.fakenvml import (
 LOGGER = "llm_watchdog.nvml.reader"
 
 
-class Clock:
-    """Injected time: the test moves it, the reader only reads it."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
 @pytest.fixture
 def readers() -> Iterator[list[NvmlReader]]:
     """Readers made by a test are stopped at its end, so no worker thread outlives it."""
@@ -60,7 +46,7 @@ def readers() -> Iterator[list[NvmlReader]]:
         reader.stop()
 
 
-def make(readers: list[NvmlReader], nvml: object, clock: Clock, **kw: object) -> NvmlReader:
+def make(readers: list[NvmlReader], nvml: object, clock: FakeClock, **kw: object) -> NvmlReader:
     reader = NvmlReader(nvml=nvml, clock=clock, **kw)  # type: ignore[arg-type]
     readers.append(reader)
     return reader
@@ -104,7 +90,7 @@ def test_importing_the_module_does_not_import_pynvml() -> None:
 # -- readings and units -----------------------------------------------------------------------
 
 
-def test_basic_two_gpus_units_and_infos(readers: list[NvmlReader], clock: Clock) -> None:
+def test_basic_two_gpus_units_and_infos(readers: list[NvmlReader], clock: FakeClock) -> None:
     reader = make(readers, scenario_basic(), clock)
     assert reader.start() is True
     assert reader.available
@@ -156,7 +142,7 @@ def test_basic_two_gpus_units_and_infos(readers: list[NvmlReader], clock: Clock)
 
 
 def test_fields_not_supported_are_none_and_not_asked_again(
-    readers: list[NvmlReader], clock: Clock, caplog: pytest.LogCaptureFixture
+    readers: list[NvmlReader], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = scenario_fields_not_supported()
     reader = make(readers, fake, clock)
@@ -186,7 +172,7 @@ def test_fields_not_supported_are_none_and_not_asked_again(
     [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_TIMEOUT],
 )
 def test_other_field_error_is_none_warned_once_and_retried(
-    readers: list[NvmlReader], clock: Clock, caplog: pytest.LogCaptureFixture, fault: int
+    readers: list[NvmlReader], clock: FakeClock, caplog: pytest.LogCaptureFixture, fault: int
 ) -> None:
     fake = scenario_basic()
     fake.gpus[0].errors["nvmlDeviceGetFanSpeed"] = fault
@@ -206,7 +192,7 @@ def test_other_field_error_is_none_warned_once_and_retried(
     assert by_index(reader.sample()[0])[0].fan_pct == 46.0
 
 
-def test_throttled_scenario(readers: list[NvmlReader], clock: Clock) -> None:
+def test_throttled_scenario(readers: list[NvmlReader], clock: FakeClock) -> None:
     reader = make(readers, scenario_throttled(), clock)
     assert reader.start()
     reader.sample()
@@ -225,7 +211,7 @@ def test_throttled_scenario(readers: list[NvmlReader], clock: Clock) -> None:
 
 
 def test_older_binding_falls_back_to_throttle_reasons(
-    readers: list[NvmlReader], clock: Clock
+    readers: list[NvmlReader], clock: FakeClock
 ) -> None:
     fake = LegacyFakeNvml([FakeGpu(reasons=throttle.SW_POWER_CAP)])
     reader = make(readers, fake, clock)
@@ -236,7 +222,7 @@ def test_older_binding_falls_back_to_throttle_reasons(
     assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 0
 
 
-def test_bytes_names_and_unknown_pstate(readers: list[NvmlReader], clock: Clock) -> None:
+def test_bytes_names_and_unknown_pstate(readers: list[NvmlReader], clock: FakeClock) -> None:
     gpu = FakeGpu(name=b"Tesla T4", uuid=b"GPU-abc", pstate=pynvml.NVML_PSTATE_UNKNOWN)
     reader = make(readers, FakeNvml([gpu]), clock)
     assert reader.start()
@@ -246,7 +232,7 @@ def test_bytes_names_and_unknown_pstate(readers: list[NvmlReader], clock: Clock)
 
 
 def test_indices_select_gpus_and_an_absent_one_is_warned_once(
-    readers: list[NvmlReader], clock: Clock, caplog: pytest.LogCaptureFixture
+    readers: list[NvmlReader], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     reader = make(readers, scenario_basic(), clock, indices=[1, 5])
@@ -274,7 +260,7 @@ def test_indices_select_gpus_and_an_absent_one_is_warned_once(
 )
 def test_no_nvml_is_latency_only_said_once(
     readers: list[NvmlReader],
-    clock: Clock,
+    clock: FakeClock,
     caplog: pytest.LogCaptureFixture,
     scenario: object,
     advice: str,
@@ -301,7 +287,7 @@ def test_no_nvml_is_latency_only_said_once(
     assert fake.calls["nvmlShutdown"] == 0  # nothing was started, nothing to shut down
 
 
-def test_no_gpu_visible_is_latency_only(readers: list[NvmlReader], clock: Clock) -> None:
+def test_no_gpu_visible_is_latency_only(readers: list[NvmlReader], clock: FakeClock) -> None:
     fake = FakeNvml([])
     reader = make(readers, fake, clock)
     assert reader.start() is False
@@ -339,7 +325,7 @@ def test_real_gpu(readers: list[NvmlReader]) -> None:
 # -- a lost GPU -------------------------------------------------------------------------------
 
 
-def test_lost_gpu_backoff_reinit_and_recovery(readers: list[NvmlReader], clock: Clock) -> None:
+def test_lost_gpu_backoff_reinit_and_recovery(readers: list[NvmlReader], clock: FakeClock) -> None:
     fake = scenario_gpu_lost(lost_after_samples=2, back_after_inits=3)
     reader = make(readers, fake, clock)
     assert reader.start()
@@ -377,7 +363,7 @@ def test_lost_gpu_backoff_reinit_and_recovery(readers: list[NvmlReader], clock: 
 
 
 def test_reinit_failure_loses_every_gpu_until_nvml_is_back(
-    readers: list[NvmlReader], clock: Clock
+    readers: list[NvmlReader], clock: FakeClock
 ) -> None:
     fake = scenario_basic()
     reader = make(readers, fake, clock)
@@ -414,7 +400,7 @@ def wait_until(condition: object, timeout_s: float = 5.0) -> None:
 
 
 def test_hung_call_is_bounded_and_does_not_pile_up_threads(
-    readers: list[NvmlReader], clock: Clock
+    readers: list[NvmlReader], clock: FakeClock
 ) -> None:
     timeout_s = 0.3
     fake = scenario_hung_call("nvmlDeviceGetPowerUsage", gpu_index=0)
@@ -453,7 +439,9 @@ def test_hung_call_is_bounded_and_does_not_pile_up_threads(
     wait_until(lambda: not worker_threads())
 
 
-def test_stop_while_a_call_hangs_returns_promptly(readers: list[NvmlReader], clock: Clock) -> None:
+def test_stop_while_a_call_hangs_returns_promptly(
+    readers: list[NvmlReader], clock: FakeClock
+) -> None:
     fake = scenario_hung_call("nvmlDeviceGetTemperature", gpu_index=1)
     reader = make(readers, fake, clock, call_timeout_s=0.2)
     assert reader.start()
@@ -470,7 +458,7 @@ def test_stop_while_a_call_hangs_returns_promptly(readers: list[NvmlReader], clo
 
 
 def test_hung_init_is_latency_only_within_the_timeout(
-    readers: list[NvmlReader], clock: Clock, caplog: pytest.LogCaptureFixture
+    readers: list[NvmlReader], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     fake = scenario_hung_call("nvmlInit", gpu_index=None)
@@ -486,7 +474,7 @@ def test_hung_init_is_latency_only_within_the_timeout(
     wait_until(lambda: not worker_threads())
 
 
-def test_context_manager_starts_and_stops(clock: Clock) -> None:
+def test_context_manager_starts_and_stops(clock: FakeClock) -> None:
     fake = scenario_basic()
     with NvmlReader(nvml=fake, clock=clock) as reader:
         assert reader.available
@@ -524,7 +512,7 @@ def test_worker_refuses_new_calls_while_one_hangs() -> None:
 
 
 def test_clock_stepped_back_does_not_postpone_reinit(
-    readers: list[NvmlReader], clock: Clock
+    readers: list[NvmlReader], clock: FakeClock
 ) -> None:
     fake = scenario_basic()
     reader = make(readers, fake, clock)

@@ -11,21 +11,13 @@ from llm_watchdog.sim.fakenvml import FakeNvml, StandaloneDevice
 from llm_watchdog.sim.gpu import SW_THERMAL_SLOWDOWN
 from llm_watchdog.sim.scenario import load_scenario
 
-
-class Clock:
-    """Virtual seconds, moved by the test."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.helpers.builders import FakeClock
 
 
 def lab_card(
     name: str = "consumer-warm-room", load: float = 0.0
-) -> tuple[FakeNvml, Clock, StandaloneDevice]:
-    clock = Clock()
+) -> tuple[FakeNvml, FakeClock, StandaloneDevice]:
+    clock = FakeClock()
     dev = StandaloneDevice(load_scenario(name).gpu, load=load)
     return FakeNvml([dev], clock), clock, dev
 
@@ -58,7 +50,7 @@ def test_readings_are_consistent_with_the_card() -> None:
     p = load_scenario("consumer-warm-room").gpu
     nvml.nvmlInit()
     h = nvml.nvmlDeviceGetHandleByIndex(0)
-    clock.t = 30.0
+    clock.now = 30.0
     assert nvml.nvmlDeviceGetName(h) == p.name
     assert (
         nvml.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX) == 83
@@ -91,10 +83,10 @@ def test_the_real_reader_sees_the_card_heat_and_throttle() -> None:
         idle, _ = reader.sample()
         assert idle[0].throttle_reasons == pynvml.nvmlClocksEventReasonGpuIdle
         assert idle[0].pstate == 8
-        dev.set_load(0.85, clock.t)
+        dev.set_load(0.85, clock.now)
         rows = []
         for minute in range(1, 21):
-            clock.t = 60.0 * minute
+            clock.now = 60.0 * minute
             samples, events = reader.sample()
             assert events == []
             rows.append(samples[0])
@@ -113,7 +105,7 @@ def test_a_passive_card_has_no_fan_reading() -> None:
     reader = NvmlReader(nvml=nvml, clock=clock)
     try:
         assert reader.start()
-        clock.t = 5.0
+        clock.now = 5.0
         samples, _ = reader.sample()
         assert samples[0].fan_pct is None and samples[0].temp_c is not None
     finally:
@@ -126,7 +118,7 @@ def test_a_lost_gpu_reaches_the_reader_as_an_event() -> None:
     try:
         assert reader.start()
         nvml.fail("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_GPU_IS_LOST)
-        clock.t = 1.0
+        clock.now = 1.0
         _, events = reader.sample()
         assert [e.kind for e in events] == ["gpu_lost"]
     finally:
@@ -135,12 +127,12 @@ def test_a_lost_gpu_reaches_the_reader_as_an_event() -> None:
 
 def test_two_cards_are_read_apart() -> None:
     p = load_scenario("workstation").gpu
-    clock = Clock()
+    clock = FakeClock()
     hot = StandaloneDevice(dataclasses.replace(p, uuid="GPU-hot"), load=1.0)
     idle = StandaloneDevice(dataclasses.replace(p, uuid="GPU-idle"), load=0.0)
     nvml = FakeNvml([hot, idle], clock)
     nvml.nvmlInit()
-    clock.t = 300.0
+    clock.now = 300.0
     h0, h1 = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
     assert nvml.nvmlDeviceGetCount() == 2
     assert nvml.nvmlDeviceGetUUID(h1) == "GPU-idle"
