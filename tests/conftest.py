@@ -33,10 +33,10 @@ def store(db_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
-def sqlite_db(db_path: Path) -> Iterator[sqlite_utils.Database]:
+def db(db_path: Path) -> Iterator[sqlite_utils.Database]:
     """A plain database at `db_path` with no tables: the test migrates what it needs."""
-    db = sqlite_utils.Database(db_path)
+    database = sqlite_utils.Database(db_path)
     try:
-        yield db
+        yield database
     finally:
-        db.close()
+        database.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from llm_watchdog.alerts.config import AlertConfig
 from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, as_recorder, attempt_row
 from llm_watchdog.alerts.sinks import BaseSink, DeliveryError
+from llm_watchdog.store.db import Store
 from llm_watchdog.store.migrations import Migration, discover, m003_alerts, migrate
 
 from tests.helpers.builders import FakeClock
@@ -263,34 +263,27 @@ def test_memory_log_drain_hands_rows_over_once() -> None:
     assert log.drain() == [{"x": 1}] and log.drain() == [] and log.rows == []
 
 
-def test_rows_fit_the_alerts_table(tmp_path: Path) -> None:
+def test_rows_fit_the_alerts_table(db: sqlite_utils.Database) -> None:
     assert "m003_alerts" in [m.name for m in discover()]
-    db = sqlite_utils.Database(tmp_path / "watchdog.db")
-    try:
-        migrate(db, [Migration(3, "m003_alerts", m003_alerts.up)])
-        ok = attempt_row(event("a"), "ops-slack", T0, ok=True, attempts=1)
-        failed = attempt_row(event("a"), "ops-slack", T0 + 1, ok=False, attempts=5, error="503")
-        for row in (ok, failed):
-            db.table("alerts").insert(row, alter=False)  # a column the table lacks would fail
-        got = list(db.query("SELECT sink, ok, attempts, final, error FROM alerts ORDER BY ts"))
-        assert got == [
-            {"sink": "ops-slack", "ok": 1, "attempts": 1, "final": 1, "error": None},
-            {"sink": "ops-slack", "ok": 0, "attempts": 5, "final": 1, "error": "503"},
-        ]
-        assert {"idx_alerts_ts", "idx_alerts_key"} <= {i.name for i in db.table("alerts").indexes}
-    finally:
-        db.close()
+    migrate(db, [Migration(3, "m003_alerts", m003_alerts.up)])
+    ok = attempt_row(event("a"), "ops-slack", T0, ok=True, attempts=1)
+    failed = attempt_row(event("a"), "ops-slack", T0 + 1, ok=False, attempts=5, error="503")
+    for row in (ok, failed):
+        db.table("alerts").insert(row, alter=False)  # a column the table lacks would fail
+    got = list(db.query("SELECT sink, ok, attempts, final, error FROM alerts ORDER BY ts"))
+    assert got == [
+        {"sink": "ops-slack", "ok": 1, "attempts": 1, "final": 1, "error": None},
+        {"sink": "ops-slack", "ok": 0, "attempts": 5, "final": 1, "error": "503"},
+    ]
+    assert {"idx_alerts_ts", "idx_alerts_key"} <= {i.name for i in db.table("alerts").indexes}
 
 
-def test_workers_record_through_the_store(tmp_path: Path) -> None:
-    from llm_watchdog.store.db import Store
-
+def test_workers_record_through_the_store(store: Store) -> None:
     sink = MemorySink("ops", errors=[DeliveryError("503")])
-    with Store(tmp_path / "watchdog.db") as store:
-        with make([sink], store) as manager:
-            manager.submit(event("drift:1"))
-            assert manager.flush(5)
-        rows = store.rows("SELECT key, sink, ok, attempts, final FROM alerts ORDER BY id")
+    with make([sink], store) as manager:
+        manager.submit(event("drift:1"))
+        assert manager.flush(5)
+    rows = store.rows("SELECT key, sink, ok, attempts, final FROM alerts ORDER BY id")
     assert rows == [
         {"key": "drift:1", "sink": "ops", "ok": 0, "attempts": 1, "final": 0},
         {"key": "drift:1", "sink": "ops", "ok": 1, "attempts": 2, "final": 1},

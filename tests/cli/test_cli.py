@@ -63,13 +63,12 @@ def test_check_config_masks_secrets(tmp_path):
     assert "SECRET" not in out.output and "***" in out.output
 
 
-def test_status_and_history_read_what_the_daemon_wrote(tmp_path):
-    db = tmp_path / "wd.db"
+def test_status_and_history_read_what_the_daemon_wrote(db_path):
     with StreamServer(answer="Paris", engine="llamacpp") as srv:
         settings = settings_from_dict(
-            {"server": {"url": srv.url}, "storage": {"path": str(db)}}, "t"
+            {"server": {"url": srv.url}, "storage": {"path": str(db_path)}}, "t"
         )
-        with Store(db) as store:
+        with Store(db_path) as store:
             daemon = Daemon(settings, store, nvml=scenario_basic())
             daemon.startup()
             try:
@@ -78,7 +77,7 @@ def test_status_and_history_read_what_the_daemon_wrote(tmp_path):
                     daemon.probe_once()
             finally:
                 daemon.shutdown(timeout_s=2)
-    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db)}
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
     out = invoke("status", env=env)
     assert out.exit_code == 0, out.output
     assert "last probe" in out.output and "llamacpp" in out.output and "gpu 0" in out.output

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 import sqlite_utils
@@ -683,49 +682,45 @@ def test_config_errors_are_one_line(changes: dict[str, object], message: str) ->
     assert str(err.value) == message
 
 
-def test_rows_fit_the_control_actions_table(tmp_path: Path) -> None:
-    db = sqlite_utils.Database(tmp_path / "watchdog.db")
-    try:
-        migrate(db)
-        action = ControlAction(
-            10.0,
-            8,
-            6,
-            "cut 8 → 6: p95≈1200 ms > 0.9×T",
-            {"samples": 5, "gpu": None},
-            1200.0,
-            "cut",
-        )
-        row = action_row(
-            action,
-            ts=1_700_000_000.0,
-            actuator="gateway http://127.0.0.1:8090",
-            lease_s=120.0,
-            applied=True,
-            apply_detail="ok",
-        )
-        pk = db["control_actions"].insert(row).last_pk
-        db["control_actions"].update(
-            pk,
-            verification_row(
-                ts=1_700_000_020.0,
-                kind="not_effective",
-                detail="x",
-                allowance=8,
-                inflight=8,
-                queued=0,
-            ),
-        )
-        got = db["control_actions"].get(pk)
-        assert (got["kind"], got["allowance_after"], got["applied"]) == ("cut", 6, 1)
-        assert json.loads(got["inputs"]) == {"samples": 5, "gpu": None}
-        assert (got["verify_kind"], got["read_allowance"], got["read_inflight"]) == (
-            "not_effective",
-            8,
-            8,
-        )
-    finally:
-        db.close()
+def test_rows_fit_the_control_actions_table(db: sqlite_utils.Database) -> None:
+    migrate(db)
+    action = ControlAction(
+        10.0,
+        8,
+        6,
+        "cut 8 → 6: p95≈1200 ms > 0.9×T",
+        {"samples": 5, "gpu": None},
+        1200.0,
+        "cut",
+    )
+    row = action_row(
+        action,
+        ts=1_700_000_000.0,
+        actuator="gateway http://127.0.0.1:8090",
+        lease_s=120.0,
+        applied=True,
+        apply_detail="ok",
+    )
+    pk = db["control_actions"].insert(row).last_pk
+    db["control_actions"].update(
+        pk,
+        verification_row(
+            ts=1_700_000_020.0,
+            kind="not_effective",
+            detail="x",
+            allowance=8,
+            inflight=8,
+            queued=0,
+        ),
+    )
+    got = db["control_actions"].get(pk)
+    assert (got["kind"], got["allowance_after"], got["applied"]) == ("cut", 6, 1)
+    assert json.loads(got["inputs"]) == {"samples": 5, "gpu": None}
+    assert (got["verify_kind"], got["read_allowance"], got["read_inflight"]) == (
+        "not_effective",
+        8,
+        8,
+    )
 
 
 # -- in the heat lab ----------------------------------------------------------------------

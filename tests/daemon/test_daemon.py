@@ -34,13 +34,12 @@ def settings_for(url: str, db: Path, **probe: object):
     )
 
 
-def test_probe_rows_point_to_a_fingerprint_and_the_first_is_cold(tmp_path):
-    db = tmp_path / "wd.db"
+def test_probe_rows_point_to_a_fingerprint_and_the_first_is_cold(db_path):
     with (
         StreamServer(answer="Paris", engine="llamacpp", version="b1234") as srv,
-        Store(db) as store,
+        Store(db_path) as store,
     ):
-        daemon = Daemon(settings_for(srv.url, db), store, nvml=scenario_basic())
+        daemon = Daemon(settings_for(srv.url, db_path), store, nvml=scenario_basic())
         daemon.startup()
         try:
             results = [daemon.probe_once() for _ in range(3)]
@@ -59,11 +58,10 @@ def test_probe_rows_point_to_a_fingerprint_and_the_first_is_cold(tmp_path):
     assert len(samples) == 2 and samples[0].temp_c is not None
 
 
-def test_a_server_that_is_down_gives_failed_rows_not_a_crash(tmp_path):
-    db = tmp_path / "wd.db"
+def test_a_server_that_is_down_gives_failed_rows_not_a_crash(db_path):
     url = closed_port_url()
-    with Store(db) as store:
-        daemon = Daemon(settings_for(url, db), store, nvml=scenario_basic())
+    with Store(db_path) as store:
+        daemon = Daemon(settings_for(url, db_path), store, nvml=scenario_basic())
         daemon.startup()
         try:
             result = daemon.probe_once()
@@ -74,10 +72,12 @@ def test_a_server_that_is_down_gives_failed_rows_not_a_crash(tmp_path):
     assert rows[0]["error_class"] == "connect_refused"
 
 
-def test_runtime_change_makes_the_next_probe_cold(tmp_path):
-    db = tmp_path / "wd.db"
-    with StreamServer(answer="Paris", engine="vllm", version="0.6.0") as srv, Store(db) as store:
-        daemon = Daemon(settings_for(srv.url, db), store, nvml=scenario_basic())
+def test_runtime_change_makes_the_next_probe_cold(db_path):
+    with (
+        StreamServer(answer="Paris", engine="vllm", version="0.6.0") as srv,
+        Store(db_path) as store,
+    ):
+        daemon = Daemon(settings_for(srv.url, db_path), store, nvml=scenario_basic())
         daemon.startup()
         try:
             daemon.probe_once()
@@ -91,15 +91,14 @@ def test_runtime_change_makes_the_next_probe_cold(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
-    db = tmp_path / "wd.db"
+def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path, db_path):
     with StreamServer(answer="Paris", first_token_delay_s=0.02) as srv:
         config = tmp_path / "config.toml"
         api_port = free_port()
         config.write_text(
             f'[server]\nurl = "{srv.url}"\n'
             '[probe]\ninterval = "0.5s"\njitter = "0s"\n'
-            f'[storage]\npath = "{db}"\n'
+            f'[storage]\npath = "{db_path}"\n'
             f'[api]\nlisten = "127.0.0.1:{api_port}"\n'
             '[logging]\nformat = "text"\n'
         )
@@ -132,7 +131,7 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path):
                 proc.communicate()
     assert proc.returncode == 0, err
     assert stop_s < 6, f"took {stop_s:.1f}s to stop"
-    with Store(db) as store:
+    with Store(db_path) as store:
         rows = store.probes()
         events = store.gpu_events()
     assert len(rows) >= 4

@@ -69,8 +69,7 @@ def config(url: str, db, hook_url: str) -> dict:
 
 
 @pytest.mark.slow
-def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, hook):
-    db = tmp_path / "wd.db"
+def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, db_path, hook):
     clock = FakeClock(1_800_000_000.0)
     # Jitter like a real engine's (σ_log 0.15): a noiseless server makes the baseline's
     # spread the 3 % floor, and on a loaded machine a few scheduling hiccups of 5-10 ms on
@@ -78,8 +77,8 @@ def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, hook):
     with StreamServer(
         answer="Paris", engine="vllm", first_token_delay_s=0.05, first_token_jitter=0.15
     ) as srv:
-        settings = settings_from_dict(config(srv.url, db, hook.url), "t.toml")
-        with Store(db) as store:
+        settings = settings_from_dict(config(srv.url, db_path, hook.url), "t.toml")
+        with Store(db_path) as store:
             alert_cfg, sinks = load_alerts(settings.alerts)
             manager = AlertManager(sinks, store, alert_cfg, clock=clock)
             daemon = Daemon(settings, store, nvml=scenario_basic(), clock=clock, alerts=manager)
@@ -117,7 +116,10 @@ def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, hook):
     assert "p95 TTFT" in firing["message"]
 
     # The CLI shows it, and the exported trace replays to the same event.
-    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db), "LLM_WATCHDOG__DRIFT__BASELINE_PROBES": "30"}
+    env = {
+        "LLM_WATCHDOG__STORAGE__PATH": str(db_path),
+        "LLM_WATCHDOG__DRIFT__BASELINE_PROBES": "30",
+    }
     runner = CliRunner()
     out = runner.invoke(cli, ["drift", "--since", "3000d", "--json"], env=env, obj={})
     assert out.exit_code == 0, out.output
@@ -157,11 +159,10 @@ def test_replay_of_a_missing_file_says_how_to_make_one(tmp_path):
     assert "--export-trace" in out.output
 
 
-def test_baseline_capture_from_history_and_reset(tmp_path):
-    db = tmp_path / "wd.db"
+def test_baseline_capture_from_history_and_reset(db_path):
     with StreamServer(answer="Paris") as srv:
-        settings = settings_from_dict(config(srv.url, db, "http://127.0.0.1:9/x"), "t.toml")
-        with Store(db) as store:
+        settings = settings_from_dict(config(srv.url, db_path, "http://127.0.0.1:9/x"), "t.toml")
+        with Store(db_path) as store:
             daemon = Daemon(settings, store, nvml=scenario_basic())
             daemon.startup()
             try:
@@ -169,7 +170,7 @@ def test_baseline_capture_from_history_and_reset(tmp_path):
                     daemon.probe_once()
             finally:
                 daemon.shutdown(timeout_s=2)
-    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db)}
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
     runner = CliRunner()
     out = runner.invoke(cli, ["baseline", "capture", "--from-history", "1h"], env=env, obj={})
     assert out.exit_code == 0, out.output

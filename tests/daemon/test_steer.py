@@ -142,20 +142,19 @@ class Alerts:
         self.sent.append(alert)
 
 
-def test_a_write_that_does_not_take_effect_raises_control_not_effective(tmp_path):
+def test_a_write_that_does_not_take_effect_raises_control_not_effective(store):
     clock = FakeClock(1000.0)
     alerts = Alerts()
     cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
-    with Store(tmp_path / "wd.db") as store:
-        steer = Steer(cfg, LyingActuator(), store, alerts=alerts, clock=clock, monotonic=clock)
-        for _ in range(12):
-            for _ in range(3):
-                steer.canary(canary(400.0))
-            clock.now += 5
-            steer.step()
-        rows = store.rows(
-            "SELECT verify_kind, verify_detail FROM control_actions WHERE verify_kind IS NOT NULL"
-        )
+    steer = Steer(cfg, LyingActuator(), store, alerts=alerts, clock=clock, monotonic=clock)
+    for _ in range(12):
+        for _ in range(3):
+            steer.canary(canary(400.0))
+        clock.now += 5
+        steer.step()
+    rows = store.rows(
+        "SELECT verify_kind, verify_detail FROM control_actions WHERE verify_kind IS NOT NULL"
+    )
     assert rows and rows[0]["verify_kind"] == "not_effective"
     assert "control not effective" in rows[0]["verify_detail"]
     assert [a.kind for a in alerts.sent][:1] == ["control_not_effective"]

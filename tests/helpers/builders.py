@@ -2,7 +2,7 @@
 
     from tests.helpers.builders import DRIFT_EVENT_KEYS, FakeClock, probe_result
 
-The fixtures built on them (`clock`, `db_path`, `store`, `sqlite_db`) are in tests/conftest.py.
+The fixtures built on them (`clock`, `db_path`, `store`, `db`) are in tests/conftest.py.
 """
 
 from __future__ import annotations

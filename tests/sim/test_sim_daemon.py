@@ -16,14 +16,13 @@ from tests.sim.test_server import steady_decode_heat_scenario
 
 
 @pytest.mark.slow
-def test_daemon_rows_show_rising_temperature_falling_clocks_reason_bits_rising_ttft(tmp_path):
+def test_daemon_rows_show_rising_temperature_falling_clocks_reason_bits_rising_ttft(db_path):
     sc = steady_decode_heat_scenario()
-    db = tmp_path / "wd.db"
-    with SimLab(sc, time_scale=40) as lab, Store(db) as store:
+    with SimLab(sc, time_scale=40) as lab, Store(db_path) as store:
         settings = settings_from_dict(
             {
                 "server": {"url": lab.url},
-                "storage": {"path": str(db)},
+                "storage": {"path": str(db_path)},
                 "drift": {"baseline_probes": 20},
                 "api": {"listen": ""},
             },

@@ -60,17 +60,6 @@ def sample(ts: float, gpu: int = 0, **kw: Any) -> GpuSample:
     return GpuSample(**base)
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "watchdog.db"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Any:
-    with Store(db_path) as s:
-        yield s
-
-
 def raw_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
     """Read with a separate plain connection, as another process would."""
     conn = sqlite3.connect(path)
