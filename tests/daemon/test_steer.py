@@ -16,25 +16,14 @@ from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.store.db import Store
 
-from tests.helpers.builders import FakeClock
+from tests.helpers.builders import FakeClock, probe_result
 from tests.helpers.streamserver import StreamServer
 
 TOKEN = "test-token"
 
 
-def canary(ttft_ms: float, ok: bool = True) -> ProbeResult:
-    return ProbeResult(
-        ts=0.0,
-        prompt_id="p",
-        probe_set="s",
-        url="u",
-        model="m",
-        ok=ok,
-        cache_mode="bust",
-        cache_bust="none",
-        ttft_ms=ttft_ms if ok else None,
-        error_class=None if ok else "first_token_timeout",
-    )
+def canary(ttft_ms: float) -> ProbeResult:
+    return probe_result(ttft_ms=ttft_ms)
 
 
 @contextlib.contextmanager

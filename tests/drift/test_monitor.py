@@ -18,6 +18,8 @@ from llm_watchdog.drift import (
     baseline_from_observations,
 )
 
+from tests.helpers.builders import DRIFT_EVENT_KEYS, probe_result
+
 T0 = 1_700_000_000.0
 BASE_MS = 800.0
 GPU_IDLE, SW_POWER_CAP, SW_THERMAL = 0x1, 0x4, 0x20
@@ -325,15 +327,7 @@ def test_event_json_has_exactly_the_replay_contract_keys() -> None:
     events = run(trace(n, seed=16, mult=step(n, 400, n, 1.5)))
     (lat,) = of_kind(events, "latency", "opened")
     doc = json.loads(lat.to_json())
-    assert list(doc) == [
-        "start_ts",
-        "end_ts",
-        "kind",
-        "cause",
-        "baseline_p95_ms",
-        "peak_p95_ms",
-        "evidence",
-    ]
+    assert tuple(doc) == DRIFT_EVENT_KEYS
     assert doc["end_ts"] is None and doc["kind"] == "latency" and doc["cause"] == "unknown"
     for key in ("thermal_bits_share", "power_bits_share", "sm_clock_ratio", "batch_inflight"):
         assert key in doc["evidence"]
@@ -388,18 +382,7 @@ def test_observation_from_a_probe_result_and_a_gpu_sample() -> None:
     from llm_watchdog.drift import observation_from
     from llm_watchdog.models import GpuSample, ProbeResult
 
-    probe = ProbeResult(
-        ts=T0,
-        prompt_id="p1",
-        probe_set="default",
-        url="http://127.0.0.1:8000/v1",
-        model="m",
-        ok=True,
-        cache_mode="bust",
-        cache_bust="system_nonce",
-        ttft_ms=812.0,
-        quality_pass=False,
-    )
+    probe = probe_result(T0, prompt_id="p1", ttft_ms=812.0, total_ms=None, quality_pass=False)
     gpu = GpuSample(
         ts=T0 - 1,
         gpu_index=0,

@@ -15,17 +15,10 @@ from llm_watchdog.drift.replay import (
     replay_observations,
 )
 
+from tests.helpers.builders import DRIFT_EVENT_KEYS
+
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 HEADER = "ts,ttft_ms,ok,cold,quality_pass,gpu_temp_c,throttle_reasons"
-CONTRACT_KEYS = [
-    "start_ts",
-    "end_ts",
-    "kind",
-    "cause",
-    "baseline_p95_ms",
-    "peak_p95_ms",
-    "evidence",
-]
 
 
 def write(tmp_path: Path, text: str, name: str = "trace.csv") -> Path:
@@ -72,7 +65,7 @@ def test_jsonl_output_is_one_contract_object_per_event(tmp_path: Path) -> None:
     lines = text.splitlines()
     assert text.endswith("\n") and len(lines) == len(events) == 1
     doc = json.loads(lines[0])
-    assert list(doc) == CONTRACT_KEYS
+    assert tuple(doc) == DRIFT_EVENT_KEYS
     assert doc["kind"] == "latency" and doc["end_ts"] is None and doc["cause"] == "unknown"
     assert doc["peak_p95_ms"] > 1.5 * doc["baseline_p95_ms"]
     assert events_to_jsonl([]) == ""

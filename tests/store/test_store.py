@@ -32,26 +32,10 @@ from llm_watchdog.store.db import (
 )
 from llm_watchdog.store.migrations import MigrationError, discover, migrate
 
+from tests.helpers.builders import probe_result
+
 T0 = 1_700_000_040.0  # a whole minute (1_700_000_040 = 28_333_334 * 60)
 H0 = 1_699_999_200  # a whole hour (472_222 * 3600)
-
-
-def probe(ts: float, **kw: Any) -> ProbeResult:
-    base: dict[str, Any] = dict(
-        ts=ts,
-        prompt_id="capital",
-        probe_set="default",
-        url="http://127.0.0.1:8000/v1",
-        model="m",
-        ok=True,
-        cache_mode="bust",
-        cache_bust="system_nonce",
-        ttft_ms=100.0,
-        total_ms=300.0,
-        quality_pass=True,
-    )
-    base.update(kw)
-    return ProbeResult(**base)
 
 
 def sample(ts: float, gpu: int = 0, **kw: Any) -> GpuSample:
@@ -83,7 +67,7 @@ def test_new_database_is_migrated_once_in_wal_mode(db_path: Path) -> None:
     assert {"fingerprints", "probes", "gpu_samples", "gpu_events", "probes_1m", "gpu_1m"} <= tables
 
     with Store(db_path, clock=lambda: 999.0) as again:  # reopening applies nothing
-        again.record_probe(probe(T0), None)
+        again.record_probe(probe_result(T0), None)
     with Store(db_path) as third:
         assert len(third.probes()) == 1
     assert raw_rows(db_path, "SELECT * FROM _migrations ORDER BY number") == expected
@@ -245,7 +229,7 @@ def test_every_probe_field_round_trips(store: Store) -> None:
         batch_allowance=6,
     )
     assert all(getattr(full, f.name) != f.default for f in dataclasses.fields(ProbeResult))
-    sparse = probe(T0 + 1, ttft_ms=None, total_ms=None, quality_pass=None)
+    sparse = probe_result(T0 + 1, ttft_ms=None, total_ms=None, quality_pass=None)
     fp = store.record_fingerprint(Fingerprint(model="smollm2"))
     store.record_probe(full, fp)
     store.record_probe(sparse, None)
@@ -304,7 +288,7 @@ def test_fingerprint_upsert_keeps_first_seen_and_moves_last_seen(store: Store) -
 def test_probes_range_limit_and_last(store: Store) -> None:
     assert store.last_probe() is None
     for i in range(10):
-        store.record_probe(probe(T0 + i), None)
+        store.record_probe(probe_result(T0 + i), None)
     assert [r["ts"] for r in store.probes(T0 + 2, T0 + 5)] == [T0 + 2, T0 + 3, T0 + 4]
     assert [r["ts"] for r in store.probes(limit=3)] == [T0 + 7, T0 + 8, T0 + 9]
     last = store.last_probe()
@@ -327,16 +311,16 @@ def test_last_gpu_samples_gives_the_newest_of_each_gpu(store: Store) -> None:
 
 
 def test_failed_writes_raise_store_error_and_keep_earlier_rows(store: Store) -> None:
-    store.record_probe(probe(T0), None)
+    store.record_probe(probe_result(T0), None)
     store.record_gpu_samples([sample(T0)])
     with pytest.raises(StoreError, match=r"^database .*: FOREIGN KEY constraint failed$"):
-        store.record_probe(probe(T0 + 1), "no-such-fingerprint")
+        store.record_probe(probe_result(T0 + 1), "no-such-fingerprint")
     bad_batch = [sample(T0 + 1, 0), GpuSample(ts=T0 + 1, gpu_index=None)]  # type: ignore[arg-type]
     with pytest.raises(StoreError, match="NOT NULL constraint failed: gpu_samples.gpu_index"):
         store.record_gpu_samples(bad_batch)
     assert [r["ts"] for r in store.probes()] == [T0]
     assert [r["ts"] for r in store.gpu_samples()] == [T0]  # none of the bad batch
-    store.record_probe(probe(T0 + 2), None)  # and the store still writes
+    store.record_probe(probe_result(T0 + 2), None)  # and the store still writes
     assert len(store.probes()) == 2
 
 
@@ -346,11 +330,11 @@ def test_a_write_blocked_past_the_busy_timeout_is_a_store_error(db_path: Path) -
         try:
             other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
             with pytest.raises(StoreError, match=r"is locked: another process held it for more"):
-                s.record_probe(probe(T0), None)
+                s.record_probe(probe_result(T0), None)
             other.execute("ROLLBACK")
         finally:
             other.close()
-        s.record_probe(probe(T0), None)
+        s.record_probe(probe_result(T0), None)
         assert len(s.probes()) == 1
 
 
@@ -384,7 +368,7 @@ def test_generic_helpers_for_other_tables(store: Store) -> None:
 
 def test_memory_store() -> None:
     with Store.memory() as s:
-        s.record_probe(probe(T0), s.record_fingerprint(Fingerprint()))
+        s.record_probe(probe_result(T0), s.record_fingerprint(Fingerprint()))
         assert len(s.probes()) == 1
 
 
@@ -401,7 +385,7 @@ def test_concurrent_writers_and_readers_lose_nothing(db_path: Path) -> None:
             try:
                 for i in range(n_each):
                     ts = T0 + k * 1000 + i
-                    s.record_probe(probe(ts), fp)
+                    s.record_probe(probe_result(ts), fp)
                     s.record_gpu_samples([sample(ts, 0), sample(ts, 1)])
                     s.record_fingerprint(Fingerprint(model="m"), now_ts=ts)
             except BaseException as exc:  # pragma: no cover - reported below
@@ -438,14 +422,14 @@ def test_rollup_aggregates_a_minute_correctly(store: Store) -> None:
     fp = store.record_fingerprint(Fingerprint(model="m"))
     ttfts = [120.0, 80.0, 100.0, 300.0, 90.0, 110.0]
     for i, t in enumerate(ttfts):
-        store.record_probe(probe(T0 + i * 5, ttft_ms=t, total_ms=t + 100), fp)
-    store.record_probe(probe(T0 + 31, ttft_ms=900.0, cold=True), fp)  # kept apart
+        store.record_probe(probe_result(T0 + i * 5, ttft_ms=t, total_ms=t + 100), fp)
+    store.record_probe(probe_result(T0 + 31, ttft_ms=900.0, cold=True), fp)  # kept apart
     store.record_probe(
-        probe(T0 + 32, ok=False, ttft_ms=None, total_ms=None, quality_pass=None,
+        probe_result(T0 + 32, ok=False, ttft_ms=None, total_ms=None, quality_pass=None,
               error_class="connect_refused"),
         fp,
     )  # fmt: skip
-    store.record_probe(probe(T0 + 33, quality_pass=False, ttft_ms=None), fp)
+    store.record_probe(probe_result(T0 + 33, quality_pass=False, ttft_ms=None), fp)
     reasons = [GPU_IDLE, SW_THERMAL_SLOWDOWN, SW_POWER_CAP, None, HW_POWER_BRAKE_SLOWDOWN]
     temps = [60.0, 70.0, 80.0, 90.0, 50.0]
     store.record_gpu_samples(
@@ -455,7 +439,7 @@ def test_rollup_aggregates_a_minute_correctly(store: Store) -> None:
             for i, r in enumerate(reasons)
         ]
     )  # fmt: skip
-    store.record_probe(probe(T0 + 60), fp)  # the next, unfinished minute
+    store.record_probe(probe_result(T0 + 60), fp)  # the next, unfinished minute
 
     assert store.rollup(T0 + 61, raw_retention_s=86400) == 9 + 5
     (p,) = store.rows("SELECT * FROM probes_1m")
@@ -480,7 +464,7 @@ def test_rollup_aggregates_a_minute_correctly(store: Store) -> None:
 
 def test_rollup_is_idempotent_and_picks_up_late_rows(store: Store) -> None:
     for i in range(30):
-        store.record_probe(probe(T0 + i * 10, ttft_ms=100.0 + i), None)
+        store.record_probe(probe_result(T0 + i * 10, ttft_ms=100.0 + i), None)
         store.record_gpu_samples([sample(T0 + i * 10, 0), sample(T0 + i * 10, 1)])
     now = T0 + 300
     assert store.rollup(now, 86400) == 30 + 60
@@ -491,7 +475,7 @@ def test_rollup_is_idempotent_and_picks_up_late_rows(store: Store) -> None:
     assert [r["n"] for r in before[0]] == [6, 6, 6, 6, 6]
 
     # A slow probe sent in the first minute is stored after that minute was rolled up.
-    store.record_probe(probe(T0 + 59, ttft_ms=5000.0), None)
+    store.record_probe(probe_result(T0 + 59, ttft_ms=5000.0), None)
     assert store.rollup(now, 86400) == 1
     first = store.rows("SELECT n, ttft_max_ms FROM probes_1m ORDER BY ts LIMIT 1")
     assert first == [{"n": 7, "ttft_max_ms": 5000.0}]
@@ -527,12 +511,12 @@ def test_rollup_prunes_whole_old_minutes_once_their_hour_is_rolled_up(store: Sto
 
 
 def test_rows_after_a_full_prune_are_still_rolled_up(store: Store) -> None:
-    store.record_probe(probe(H0), None)
+    store.record_probe(probe_result(H0), None)
     assert store.rollup(H0 + 3660, raw_retention_s=0) == 1
     assert store.probes() == []
     # With every raw row gone, a plain rowid table would hand out id 1 again, below the
     # remembered last id; AUTOINCREMENT does not.
-    store.record_probe(probe(H0 + 3700), None)
+    store.record_probe(probe_result(H0 + 3700), None)
     assert store.rollup(H0 + 7260, raw_retention_s=0) == 1
     assert store.rows("SELECT ts, n FROM probes_1m ORDER BY ts") == [
         {"ts": H0, "n": 1},
@@ -554,7 +538,7 @@ def ttft_at(i: int) -> float:
 def _three_hours(store: Store) -> None:
     fp = store.record_fingerprint(Fingerprint(model="m"))
     for i in range(3 * 360):  # 3 h at one probe per 10 s
-        store.record_probe(probe(H0 + i * 10, ttft_ms=ttft_at(i), cold=i == 0), fp)
+        store.record_probe(probe_result(H0 + i * 10, ttft_ms=ttft_at(i), cold=i == 0), fp)
     store.record_gpu_samples(
         [sample(H0 + i * 5, g, temp_c=50.0 + i % 30) for i in range(3 * 720) for g in (0, 1)]
     )
@@ -625,7 +609,7 @@ def test_raw_history_reads_rollups_then_raw_rows_without_overlap(store: Store) -
 def test_auto_resolution_follows_the_length_of_the_range(
     store: Store, days: int, span: int
 ) -> None:
-    store.record_probe(probe(H0 - 600), None)
+    store.record_probe(probe_result(H0 - 600), None)
     store.record_gpu_samples([sample(H0 - 600, 0)])
     for series in ("probes", "gpu"):
         (row,) = store.history(H0 - days * 86400, H0, series=series)
