@@ -266,7 +266,7 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
                 quiet = probe_for(120, until=lambda: daemon.judge.monitor.baseline is not None)
                 assert daemon.judge.monitor.baseline is not None, "no baseline from quiet chat"
                 quiet += probe_for(5)
-                with BatchLoad(gw.url, daemon.model, 6, words=700, max_tokens=64):
+                with BatchLoad(gw.url, daemon.model, streams=6, words=700, max_tokens=64):
                     # Seeing first, the controller in dry run: one that cuts within seconds
                     # leaves the detector too few slow probes to be sure, and under load one
                     # probe takes up to half a minute here, so detection takes minutes of

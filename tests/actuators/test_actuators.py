@@ -355,8 +355,8 @@ def test_http_actuator_template_headers_and_read_back(control_server: ControlSer
     act = HttpActuator(
         "POST",
         control_server.url + "/control/classes/batch",
-        {"allowance": "{allowance}", "lease_s": "{lease_s}", "reason": "{reason}"},
-        {"Authorization": f"Bearer {TOKEN}"},
+        json_template={"allowance": "{allowance}", "lease_s": "{lease_s}", "reason": "{reason}"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
         read_url=control_server.url + "/state",
         read_fields={"allowance": "limits.batch", "inflight": "busy"},
     )
@@ -373,7 +373,9 @@ def test_http_actuator_template_headers_and_read_back(control_server: ControlSer
 
 
 def test_http_actuator_failures(control_server: ControlServer) -> None:
-    act = HttpActuator("PUT", control_server.url + "/x", {"n": "{allowance}"}, {})
+    act = HttpActuator(
+        "PUT", control_server.url + "/x", json_template={"n": "{allowance}"}, headers={}
+    )
     try:
         res = act.apply(1, 10.0, "x")
         assert res.detail == (
@@ -391,7 +393,7 @@ def test_http_actuator_failures(control_server: ControlServer) -> None:
     bad = HttpActuator(
         "GET",
         control_server.url,
-        {},
+        json_template={},
         read_url=control_server.url + "/state",
         read_fields={"allowance": "limits.nope"},
     )
@@ -408,7 +410,13 @@ def test_http_actuator_failures(control_server: ControlServer) -> None:
 
 def test_http_actuator_unknown_read_field() -> None:
     with pytest.raises(ValueError) as err:
-        HttpActuator("PUT", "http://x.test", {}, read_url="http://x.test", read_fields={"n": "a"})
+        HttpActuator(
+            "PUT",
+            "http://x.test",
+            json_template={},
+            read_url="http://x.test",
+            read_fields={"n": "a"},
+        )
     assert str(err.value) == (
         "read_fields: unknown field 'n' (known: allowance, inflight, lease_expires_at, "
         "max_queue_wait_s, queued)"
@@ -585,7 +593,7 @@ def test_haproxy_set_maxconn_and_read_back_from_show_stat(
     haproxy: tuple[str, int, SlowBackend],
 ) -> None:
     sock, _, _ = haproxy
-    act = HaproxyActuator(sock, "batch", "engine")
+    act = HaproxyActuator(sock, backend="batch", server="engine")
     assert act.read_back().allowance == 8  # from haproxy.cfg
     res = act.apply(3, 60.0, "cut")
     assert res.ok, res.detail
@@ -602,7 +610,7 @@ def test_haproxy_zero_is_maintenance_not_maxconn_zero(
     """maxconn 0 means no limit in HAProxy: written naively it is caught by verify, and the
     actuator writes allowance 0 as maintenance instead."""
     sock, _, _ = haproxy
-    act = HaproxyActuator(sock, "batch", "engine")
+    act = HaproxyActuator(sock, backend="batch", server="engine")
     assert act.command("set maxconn server batch/engine 0").strip() == ""
     v = act.verify(0)
     assert v.kind == "not_effective"
@@ -620,7 +628,7 @@ def test_haproxy_holds_inflight_at_maxconn_and_queues_the_rest(
     haproxy: tuple[str, int, SlowBackend],
 ) -> None:
     sock, port, backend = haproxy
-    act = HaproxyActuator(sock, "batch", "engine")
+    act = HaproxyActuator(sock, backend="batch", server="engine")
     assert act.apply(2, 60.0, "two at a time").ok
     statuses: list[int] = []
 
@@ -650,31 +658,31 @@ def test_haproxy_holds_inflight_at_maxconn_and_queues_the_rest(
 @needs_haproxy
 def test_haproxy_errors_are_one_line(haproxy: tuple[str, int, SlowBackend], tmp_path: Path) -> None:
     sock, _, _ = haproxy
-    res = HaproxyActuator(sock, "batch", "nope").apply(3, 60.0, "x")
+    res = HaproxyActuator(sock, backend="batch", server="nope").apply(3, 60.0, "x")
     assert res.detail == (
         "HAProxy has no server batch/nope (No such server.): check the names with "
         "`show servers state`"
     )
     with pytest.raises(ActuatorError) as err:
-        HaproxyActuator(sock, "other", "engine").read_back()
+        HaproxyActuator(sock, backend="other", server="engine").read_back()
     assert str(err.value) == (
         "HAProxy's `show stat` has no server other/engine: check the names with "
         "`show servers state`"
     )
     # The queue cap is configuration only in 2.6: the runtime API says so itself.
-    answer = HaproxyActuator(sock, "batch", "engine").command("set timeout queue 3s")
+    answer = HaproxyActuator(sock, backend="batch", server="engine").command("set timeout queue 3s")
     assert "only supports 'cli'" in answer
 
 
 def test_haproxy_socket_missing(tmp_path: Path) -> None:
     path = tmp_path / "none.sock"
-    res = HaproxyActuator(str(path), "b", "s").apply(1, 60.0, "x")
+    res = HaproxyActuator(str(path), backend="b", server="s").apply(1, 60.0, "x")
     assert res.detail == (
         f"no HAProxy stats socket at {path}: is haproxy running with "
         f"`stats socket {path} level admin`?"
     )
     port = free_port()
-    res = HaproxyActuator(f"127.0.0.1:{port}", "b", "s").apply(1, 60.0, "x")
+    res = HaproxyActuator(f"127.0.0.1:{port}", backend="b", server="s").apply(1, 60.0, "x")
     assert res.detail == (
         f"cannot reach HAProxy at 127.0.0.1:{port} (connection refused): is haproxy running "
         f"with `stats socket 127.0.0.1:{port} level admin`?"

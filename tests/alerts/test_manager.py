@@ -69,7 +69,7 @@ def event(key: str, state: str = "firing", ts: float = T0, **kw: Any) -> AlertEv
 def make(sinks: list[Any], log: Any = None, sleeps: list[float] | None = None, **cfg: Any):
     config = AlertConfig(tick_interval_s=None, **cfg)
     sleep = (sleeps if sleeps is not None else []).append
-    return AlertManager(sinks, log, config, FakeClock(T0), sleep=sleep)
+    return AlertManager(sinks, log, config, clock=FakeClock(T0), sleep=sleep)
 
 
 def test_fires_once_and_resolves_end_to_end() -> None:
@@ -187,7 +187,7 @@ def test_close_interrupts_a_retry_wait_and_records_why() -> None:
     sink, log = MemorySink(errors=[DeliveryError("503")] * 5), MemoryAlertLog()
     # Real sleep (the stop event): a 60 s backoff that close() must cut short.
     manager = AlertManager(
-        [sink], log, AlertConfig(backoff_s=60, tick_interval_s=None), FakeClock(T0)
+        [sink], log, AlertConfig(backoff_s=60, tick_interval_s=None), clock=FakeClock(T0)
     )
     manager.submit(event("a"))
     deadline = time.monotonic() + 5

@@ -29,11 +29,19 @@ def resolved(key: str, kind: str = "chat_slowed", ts: float = T0, message: str =
 
 
 def test_event_defaults_severity_from_kind_and_keeps_message_on_one_line() -> None:
-    e = AlertEvent("k", "chat_slowed", "firing", T0, "Chat\nslowed", "line one\n  line two")
+    e = AlertEvent(
+        key="k",
+        kind="chat_slowed",
+        state="firing",
+        ts=T0,
+        title="Chat\nslowed",
+        message="line one\n  line two",
+    )
     assert e.severity == "critical"
     assert e.message == "line one line two"
     assert e.title == "Chat slowed"
-    assert AlertEvent("k", "new_kind", "firing", T0, "t", "m").severity == "warning"
+    unknown = AlertEvent(key="k", kind="new_kind", state="firing", ts=T0, title="t", message="m")
+    assert unknown.severity == "warning"
 
 
 @pytest.mark.parametrize(
@@ -117,7 +125,9 @@ def test_rules_reject_nonsense() -> None:
 
 
 def test_incoming_summary_state_is_refused() -> None:
-    summary = AlertEvent("k", "chat_slowed", "summary", T0, "t", "m")
+    summary = AlertEvent(
+        key="k", kind="chat_slowed", state="summary", ts=T0, title="t", message="m"
+    )
     with pytest.raises(ValueError, match="firing or resolved"):
         AlertPolicy().decide(summary, T0)
 

@@ -115,8 +115,22 @@ def test_command_that_cannot_start_is_final(
 
 def test_log_sink_writes_one_line_at_the_severity(caplog: pytest.LogCaptureFixture) -> None:
     sink = LogSink(logging.getLogger("test.alerts"))
-    warning = AlertEvent("h", "heat_warning", "firing", T0, "Heat warning", "GPU 0 heading\nfor it")
-    resolved = AlertEvent("drift:1", "chat_slowed", "resolved", T0, "Resolved", "Chat fast again")
+    warning = AlertEvent(
+        key="h",
+        kind="heat_warning",
+        state="firing",
+        ts=T0,
+        title="Heat warning",
+        message="GPU 0 heading\nfor it",
+    )
+    resolved = AlertEvent(
+        key="drift:1",
+        kind="chat_slowed",
+        state="resolved",
+        ts=T0,
+        title="Resolved",
+        message="Chat fast again",
+    )
     with caplog.at_level(logging.INFO, logger="test.alerts"):
         for a in (ALERT, warning, resolved):
             sink.send(a)

@@ -114,7 +114,7 @@ def alert(state: str = "firing", **kw: Any) -> AlertEvent:
 
 
 def test_generic_shape_posts_every_field_as_json(receiver: Receiver) -> None:
-    with WebhookSink(receiver.url, "generic", {"X-Team": "ml"}, host="gpu-box") as sink:
+    with WebhookSink(receiver.url, "generic", headers={"X-Team": "ml"}, host="gpu-box") as sink:
         sink.send(alert())
     (seen,) = receiver.seen
     assert seen.path == f"/hooks/{TOKEN}"
@@ -176,7 +176,7 @@ def _decoded(value: str) -> str:
 
 def test_ntfy_shape_is_plain_text_with_title_priority_and_tags(receiver: Receiver) -> None:
     auth = {"Authorization": "Bearer tk_abcdefghijklmnop"}
-    with WebhookSink(receiver.url, "ntfy", auth) as sink:
+    with WebhookSink(receiver.url, "ntfy", headers=auth) as sink:
         sink.send(alert())
         sink.send(alert(state="resolved", message="Resolved after 7 min: Chat slowed"))
         sink.send(alert(kind="heat_warning", severity="warning", title="Heat warning"))
@@ -246,7 +246,7 @@ def manager_for(
     sink: WebhookSink, log: MemoryAlertLog, sleeps: list[float], **cfg: Any
 ) -> AlertManager:
     config = AlertConfig(tick_interval_s=None, **cfg)
-    return AlertManager([sink], log, config, FakeClock(T0), sleep=sleeps.append)
+    return AlertManager([sink], log, config, clock=FakeClock(T0), sleep=sleeps.append)
 
 
 def test_retries_with_exponential_backoff_until_delivered(receiver: Receiver) -> None:

@@ -20,7 +20,7 @@ def test_documents_are_unique_and_sized():
 
 def test_batch_load_sends_batch_class_requests_and_counts_output():
     with StreamServer(answer='{"dates": []}', token_gap_s=0.001) as srv:
-        with BatchLoad(srv.url, "m", 2, words=50) as load:
+        with BatchLoad(srv.url, "m", streams=2, words=50) as load:
             deadline = 50
             while load.stats.ok < 4 and deadline:
                 import time

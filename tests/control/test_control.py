@@ -685,13 +685,13 @@ def test_config_errors_are_one_line(changes: dict[str, object], message: str) ->
 def test_rows_fit_the_control_actions_table(db: sqlite_utils.Database) -> None:
     migrate(db)
     action = ControlAction(
-        10.0,
-        8,
-        6,
-        "cut 8 → 6: p95≈1200 ms > 0.9×T",
-        {"samples": 5, "gpu": None},
-        1200.0,
-        "cut",
+        ts=10.0,
+        allowance_before=8,
+        allowance_after=6,
+        reason="cut 8 → 6: p95≈1200 ms > 0.9×T",
+        inputs={"samples": 5, "gpu": None},
+        p95_est_ms=1200.0,
+        kind="cut",
     )
     row = action_row(
         action,

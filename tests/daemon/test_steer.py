@@ -109,7 +109,7 @@ class LyingActuator:
         from llm_watchdog.actuators.base import ApplyResult
 
         self.written = allowance
-        return ApplyResult(True, allowance, "ok", lease_s)
+        return ApplyResult(ok=True, allowance=allowance, detail="ok", lease_s=lease_s)
 
     def read_back(self) -> ReadBack:
         return ReadBack(allowance=8, inflight=8)

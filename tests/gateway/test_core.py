@@ -122,7 +122,7 @@ def test_without_a_ramp_a_raise_is_at_once() -> None:
 
 def batch_gate(allowance: int, wait_s: float = 5.0, max_queued: int = 100) -> ClassGate:
     a = Allowance(default=allowance, ceiling=64)
-    return ClassGate("batch", a, wait_s, max_queued)
+    return ClassGate("batch", allowance=a, max_queue_wait_s=wait_s, max_queued=max_queued)
 
 
 def test_gate_admits_waiters_in_arrival_order() -> None:
@@ -227,7 +227,7 @@ def test_lowering_the_allowance_keeps_running_ones_and_raising_it_wakes_waiters(
 def test_after_a_raise_the_gate_lets_waiters_in_one_at_a_time() -> None:
     async def scenario() -> tuple[int, int, float]:
         a = Allowance(default=1, ceiling=64, ramp_per_s=20.0)  # one every 50 ms
-        gate = ClassGate("batch", a, 5.0, 100)
+        gate = ClassGate("batch", allowance=a, max_queue_wait_s=5.0, max_queued=100)
         await gate.acquire()
         waiters = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
         await asyncio.sleep(0)
@@ -247,7 +247,7 @@ def test_after_a_raise_the_gate_lets_waiters_in_one_at_a_time() -> None:
 
 def test_chat_gate_is_never_limited() -> None:
     async def scenario() -> tuple[list[str], int]:
-        gate = ClassGate("chat", None, None, 0)
+        gate = ClassGate("chat", allowance=None, max_queue_wait_s=None, max_queued=0)
         outcomes = [await gate.acquire() for _ in range(500)]
         return outcomes, gate.inflight
 

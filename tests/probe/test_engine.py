@@ -86,7 +86,9 @@ def test_a_plain_openai_server_is_unknown_with_its_models() -> None:
     with StreamServer(engine="generic", model="gpt-x") as srv:
         info = detect_engine(srv.url)
         paths = [r.path for r in srv.requests]
-    assert info == EngineInfo("unknown", "unknown", ("gpt-x",), {}, info.detail)
+    assert info == EngineInfo(
+        engine="unknown", version="unknown", models=("gpt-x",), props={}, detail=info.detail
+    )
     assert info.detail == "no engine-specific endpoint answered"
     assert paths == [
         "/v1/models",

@@ -26,7 +26,17 @@ def test_build_fingerprint_fills_unknowns_and_joins_argv() -> None:
     fp = build_fingerprint(**BASE)
     assert fp.launch_command == "llama-server -m '/models/SmolLM2 135M.gguf' --port 8080"
     assert fp.model == "smollm2-135m"
-    bare = build_fingerprint(None, "", None, None, None, None, None, None, None)
+    bare = build_fingerprint(
+        engine=None,
+        engine_version="",
+        model=None,
+        launch_command=None,
+        driver_version=None,
+        gpu_name=None,
+        gpu_uuid=None,
+        probe_set_hash=None,
+        config_hash=None,
+    )
     assert bare == Fingerprint()
     assert set(bare.key_fields().values()) == {"unknown"}
     assert build_fingerprint(**{**BASE, "launch_command": []}).launch_command == "unknown"

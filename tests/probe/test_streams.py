@@ -43,19 +43,23 @@ def feed_in_pieces(data: bytes, api: str, cuts: list[int]) -> list[StreamEvent]:
     return events + parser.close()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Summary:
+    """What a probe reads from a whole stream. The defaults are what a stream without that
+    part (no reasoning, no tool call, no usage, no load time, no error) reads as, so an
+    expectation names only what its stream has; equality still compares every field."""
+
     content: str
-    reasoning: str
+    reasoning: str = ""
     tokens: int  # events that carry a token
-    tool_call: bool
-    completion_tokens: int | None
-    load_duration_ms: float | None
+    tool_call: bool = False
+    completion_tokens: int | None = None
+    load_duration_ms: float | None = None
     kinds: tuple[str, ...]  # distinct kinds in order of first appearance
     first_is_token: bool  # False when a role-only or empty chunk comes first
     done: bool
     finish: str | None
-    error: str
+    error: str = ""
 
 
 def summarize(events: list[StreamEvent]) -> Summary:
@@ -85,151 +89,180 @@ def summarize(events: list[StreamEvent]) -> Summary:
 # fixture -> what a probe must read from it
 EXPECTED = {
     "llamacpp/chat_stream_usage.sse": Summary(
-        ANSWER, "", 7, False, 8, None, (CHUNK, DONE), False, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "llamacpp/chat_stream_plain.sse": Summary(
-        "1. Red\n2. Blue\n3. Green",
-        "",
-        11,
-        False,
-        None,
-        None,
-        (CHUNK, DONE),
-        False,
-        True,
-        "stop",
-        "",
+        content="1. Red\n2. Blue\n3. Green",
+        tokens=11,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "vllm/chat_stream_usage.sse": Summary(
-        ANSWER, "", 7, False, 8, None, (CHUNK, DONE), False, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "vllm/chat_stream_reasoning.sse": Summary(
-        " Paris.",
-        "Okay, the user asks for a capital.",
-        11,
-        False,
-        18,
-        None,
-        (CHUNK, DONE),
-        False,
-        True,
-        "stop",
-        "",
+        content=" Paris.",
+        reasoning="Okay, the user asks for a capital.",
+        tokens=11,
+        completion_tokens=18,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "vllm/chat_stream_tool_call.sse": Summary(
-        "", "", 4, True, None, None, (CHUNK, DONE), False, True, "tool_calls", ""
+        content="",
+        tokens=4,
+        tool_call=True,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="tool_calls",
     ),
     "vllm/chat_stream_error.sse": Summary(
-        "The capital",
-        "",
-        2,
-        False,
-        None,
-        None,
-        (CHUNK, SERVER_ERROR, DONE),
-        False,
-        True,
-        None,
-        "The decoder prompt (length 33000) is longer than the maximum model length of 32768. "
-        "(BadRequestError)",
+        content="The capital",
+        tokens=2,
+        kinds=(CHUNK, SERVER_ERROR, DONE),
+        first_is_token=False,
+        done=True,
+        finish=None,
+        error=(
+            "The decoder prompt (length 33000) is longer than the maximum model length of "
+            "32768. (BadRequestError)"
+        ),
     ),
     "sglang/chat_stream_usage.sse": Summary(
-        ANSWER, "", 7, False, 8, None, (CHUNK, DONE), False, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "sglang/chat_stream_reasoning.sse": Summary(
-        " Paris.",
-        "Okay, the user asks for a capital.",
-        11,
-        False,
-        18,
-        None,
-        (CHUNK, DONE),
-        False,
-        True,
-        "stop",
-        "",
+        content=" Paris.",
+        reasoning="Okay, the user asks for a capital.",
+        tokens=11,
+        completion_tokens=18,
+        kinds=(CHUNK, DONE),
+        first_is_token=False,
+        done=True,
+        finish="stop",
     ),
     "sglang/chat_stream_error.sse": Summary(
-        "The",
-        "",
-        1,
-        False,
-        None,
-        None,
-        (CHUNK, SERVER_ERROR, DONE),
-        False,
-        True,
-        None,
-        "Requested token count exceeds the model's maximum context length of 32768 tokens. "
-        "(BadRequestError)",
+        content="The",
+        tokens=1,
+        kinds=(CHUNK, SERVER_ERROR, DONE),
+        first_is_token=False,
+        done=True,
+        finish=None,
+        error=(
+            "Requested token count exceeds the model's maximum context length of 32768 "
+            "tokens. (BadRequestError)"
+        ),
     ),
     "tgi/chat_stream_usage.sse": Summary(
-        ANSWER, "", 7, False, 8, None, (CHUNK, DONE), True, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "tgi/chat_stream_error.sse": Summary(
-        "The capital",
-        "",
-        2,
-        False,
-        None,
-        None,
-        (CHUNK, SERVER_ERROR),
-        True,
-        False,
-        None,
-        "Request failed during generation: Server error: CUDA out of memory. "
-        "Tried to allocate 20.00 MiB",
+        content="The capital",
+        tokens=2,
+        kinds=(CHUNK, SERVER_ERROR),
+        first_is_token=True,
+        done=False,
+        finish=None,
+        error=(
+            "Request failed during generation: Server error: CUDA out of memory. "
+            "Tried to allocate 20.00 MiB"
+        ),
     ),
     "ollama/v1_chat_stream_usage.sse": Summary(
-        ANSWER, "", 7, False, 8, None, (CHUNK, DONE), True, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "ollama/v1_chat_stream_reasoning.sse": Summary(
-        "Paris.",
-        "Okay, France's capital.",
-        8,
-        False,
-        None,
-        None,
-        (CHUNK, DONE),
-        True,
-        True,
-        "stop",
-        "",
+        content="Paris.",
+        reasoning="Okay, France's capital.",
+        tokens=8,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "ollama/v1_chat_stream_error.sse": Summary(
-        "The",
-        "",
-        1,
-        False,
-        None,
-        None,
-        (CHUNK, SERVER_ERROR, DONE),
-        True,
-        True,
-        None,
-        "an error was encountered while running the model: unexpected EOF (api_error)",
+        content="The",
+        tokens=1,
+        kinds=(CHUNK, SERVER_ERROR, DONE),
+        first_is_token=True,
+        done=True,
+        finish=None,
+        error="an error was encountered while running the model: unexpected EOF (api_error)",
     ),
     "ollama/api_chat_stream.ndjson": Summary(
-        ANSWER, "", 7, False, 8, 1.334875, (CHUNK, DONE), True, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        load_duration_ms=1.334875,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "ollama/api_chat_cold.ndjson": Summary(
-        ANSWER, "", 7, False, 8, 5534.986708, (CHUNK, DONE), True, True, "stop", ""
+        content=ANSWER,
+        tokens=7,
+        completion_tokens=8,
+        load_duration_ms=5534.986708,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "ollama/api_chat_thinking.ndjson": Summary(
-        "Paris.", "Okay, the capital.", 7, False, 7, 1.334875, (CHUNK, DONE), True, True, "stop", ""
+        content="Paris.",
+        reasoning="Okay, the capital.",
+        tokens=7,
+        completion_tokens=7,
+        load_duration_ms=1.334875,
+        kinds=(CHUNK, DONE),
+        first_is_token=True,
+        done=True,
+        finish="stop",
     ),
     "ollama/api_chat_error.ndjson": Summary(
-        "The",
-        "",
-        1,
-        False,
-        None,
-        None,
-        (CHUNK, SERVER_ERROR),
-        True,
-        False,
-        None,
-        "an error was encountered while running the model: unexpected EOF",
+        content="The",
+        tokens=1,
+        kinds=(CHUNK, SERVER_ERROR),
+        first_is_token=True,
+        done=False,
+        finish=None,
+        error="an error was encountered while running the model: unexpected EOF",
     ),
 }
 
