@@ -2,7 +2,7 @@
 
 The daemon runs in this process exactly as `llm-watchdog run` wires it (APScheduler jobs,
 SQLite store, drift judge, log alert sink), probing every 10 s and sampling the fake NVML
-(tests.fakenvml.scenario_basic, 2 GPUs) every 1 s. The streaming server it probes runs in
+(tests.helpers.fakenvml.scenario_basic, 2 GPUs) every 1 s. The streaming server it probes runs in
 its own process, so its work is not counted. Targets: CPU <= 1 % of one core, RSS <= 80 MB.
 
 With --control, `llm-watchdog gateway` (its own process, not counted) stands in front of
@@ -34,7 +34,7 @@ from llm_watchdog.alerts import AlertManager, LogSink  # noqa: E402
 from llm_watchdog.config import settings_from_dict  # noqa: E402
 from llm_watchdog.daemon.service import Daemon  # noqa: E402
 from llm_watchdog.store.db import Store  # noqa: E402
-from tests.fakenvml import scenario_basic  # noqa: E402
+from tests.helpers.fakenvml import scenario_basic  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -60,7 +60,7 @@ def main() -> None:
     server = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "tests" / "streamserver.py"),
+            str(ROOT / "tests" / "helpers" / "streamserver.py"),
             "--first-token-delay-s",
             "0.05",
             "--answer",

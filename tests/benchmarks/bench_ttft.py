@@ -101,7 +101,7 @@ def main() -> int:
     cpus = split_cpus(not args.no_pin)
 
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "streamserver.py")],
+        [sys.executable, str(ROOT / "tests" / "helpers" / "streamserver.py")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

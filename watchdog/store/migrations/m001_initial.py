@@ -2,7 +2,7 @@
 
 Columns are spelled out here rather than derived from `llm_watchdog.models`: a released migration
 must build the same tables forever, whatever the dataclasses grow into. A field added to a
-dataclass needs a new migration that adds its column (tests/test_store.py checks that every
+dataclass needs a new migration that adds its column (tests/store/test_store.py checks that every
 field has one).
 
 Booleans are INTEGER 0/1 (NULL where the model allows None). Times are REAL unix seconds;

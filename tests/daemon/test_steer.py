@@ -1,0 +1,203 @@
+"""The daemon's control loop against a real gateway over real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llm_watchdog.actuators.base import ReadBack
+from llm_watchdog.control.law import ControlConfig
+from llm_watchdog.daemon.steer import Steer, gateway_steer
+from llm_watchdog.gateway import GatewayConfig, GatewayServer
+from llm_watchdog.models import ProbeResult
+from llm_watchdog.store.db import Store
+from tests.helpers.builders import FakeClock, probe_result
+from tests.helpers.streamserver import StreamServer
+
+TOKEN = "test-token"
+
+
+def canary(ttft_ms: float) -> ProbeResult:
+    return probe_result(ttft_ms=ttft_ms)
+
+
+@contextlib.contextmanager
+def rig(tmp_path: Path, **gateway: Any) -> Iterator[tuple[GatewayServer, Store]]:
+    """A gateway (allowance 8 of 16, unless `gateway` says) before a stream server; a store."""
+    settings: dict[str, Any] = {"batch_default_allowance": 8, "batch_ceiling": 16, **gateway}
+    with (
+        StreamServer(answer="ok") as upstream,
+        GatewayServer(
+            GatewayConfig(upstream_url=upstream.url, listen_port=0, control_token=TOKEN, **settings)
+        ) as gw,
+        Store(tmp_path / f"wd{len(list(tmp_path.glob('wd*.db')))}.db") as store,
+    ):
+        yield gw, store
+
+
+def chat_at_4x_the_target(steer: Steer, clock: FakeClock) -> None:
+    for _ in range(12):
+        for _ in range(3):
+            steer.canary(canary(400.0))
+        clock.now += 5
+        steer.step()
+
+
+def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(tmp_path):
+    clock = FakeClock(1000.0)
+    cfg = ControlConfig(
+        target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
+    )
+    with rig(tmp_path) as (gw, store):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
+        try:
+            chat_at_4x_the_target(steer, clock)  # the law must cut
+            state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
+            clock.now += 30  # a drain time later the next step verifies the last write
+            steer.step()
+        finally:
+            steer.close()
+        rows = store.rows("SELECT * FROM control_actions ORDER BY id")
+    assert state["allowance"] < 8
+    # every write carries a lease and the law's reason (the last one may be a renewal)
+    assert state["lease_expires_at"] is not None and state["reason"].startswith(
+        ("cut", "halve", "hold")
+    )
+    cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
+    assert cuts and all(r["applied"] == 1 for r in cuts)
+    assert all(r["allowance_after"] < r["allowance_before"] for r in cuts)
+    assert any(r["verify_kind"] == "ok" for r in rows)
+    inputs = json.loads(cuts[0]["inputs"])
+    assert inputs["samples"] == 3 and inputs["max_ttft_ms"] == 400.0
+    assert inputs["latency_only"] is True  # no NVML here: the law runs on latency alone
+
+
+def test_a_dry_run_decides_and_records_but_leaves_the_gateway_alone(tmp_path):
+    clock = FakeClock(1000.0)
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0)
+    with rig(tmp_path) as (gw, store):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock, dry_run=True)
+        try:
+            chat_at_4x_the_target(steer, clock)
+            state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
+        finally:
+            steer.close()
+        rows = store.rows("SELECT * FROM control_actions ORDER BY id")
+    assert state["allowance"] == 8 and state["lease_expires_at"] is None  # nothing written
+    assert steer.allowance == 8 and steer.inflight == 0  # read back from the gateway
+    cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
+    # Each cut is judged from what is really in force (8), so the law would cut again and
+    # again, one drain time apart; none is applied, each says so.
+    assert len(cuts) >= 2 and all(r["allowance_before"] == 8 for r in cuts)
+    assert all(r["applied"] is None and r["apply_detail"] == "dry run: not written" for r in cuts)
+
+
+class LyingActuator:
+    """Says yes to every write and then reports something else."""
+
+    name = "liar"
+
+    def __init__(self) -> None:
+        self.written: int | None = None
+
+    def apply(self, allowance: int, lease_s: float, reason: str):
+        from llm_watchdog.actuators.base import ApplyResult
+
+        self.written = allowance
+        return ApplyResult(ok=True, allowance=allowance, detail="ok", lease_s=lease_s)
+
+    def read_back(self) -> ReadBack:
+        return ReadBack(allowance=8, inflight=8)
+
+    def verify(self, expected: int, *, check_inflight: bool = True):
+        from llm_watchdog.actuators.base import verify_with
+
+        return verify_with(self, expected, check_inflight)
+
+    def close(self) -> None:
+        pass
+
+
+class Alerts:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def submit(self, alert) -> None:
+        self.sent.append(alert)
+
+
+def test_a_write_that_does_not_take_effect_raises_control_not_effective(store):
+    clock = FakeClock(1000.0)
+    alerts = Alerts()
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
+    steer = Steer(cfg, LyingActuator(), store, alerts=alerts, clock=clock, monotonic=clock)
+    for _ in range(12):
+        for _ in range(3):
+            steer.canary(canary(400.0))
+        clock.now += 5
+        steer.step()
+    rows = store.rows(
+        "SELECT verify_kind, verify_detail FROM control_actions WHERE verify_kind IS NOT NULL"
+    )
+    assert rows and rows[0]["verify_kind"] == "not_effective"
+    assert "control not effective" in rows[0]["verify_detail"]
+    assert [a.kind for a in alerts.sent][:1] == ["control_not_effective"]
+
+
+def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):
+    clock = FakeClock(1000.0)
+    cfg = ControlConfig(target_p95_ms=1000.0, default_allowance=8, ceiling=16, engine_slots=32)
+    with rig(tmp_path) as (gw, store):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
+        try:
+            first = steer.step()  # no earlier count to take a difference from
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            for _ in range(3):
+                httpx.post(f"{gw.url}/v1/chat/completions", json=body).raise_for_status()
+            clock.now += 1
+            second = steer.step()
+            clock.now += 1
+            third = steer.step()
+        finally:
+            steer.close()
+    assert first.inputs["chat_arrivals"] is None and first.inputs["chat_inflight"] == 0
+    assert (second.inputs["chat_arrivals"], second.inputs["chat_inflight"]) == (3, 0)
+    assert second.inputs["samples"] == 3  # and their TTFTs, as before
+    assert third.inputs["chat_arrivals"] == 0
+
+
+def test_a_detected_slot_count_is_used_only_where_the_config_gives_none(tmp_path):
+    with rig(tmp_path) as (gw, store):
+        unset = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
+        given = gateway_steer(
+            ControlConfig(target_p95_ms=1000.0, engine_slots=8), gw.url, TOKEN, store
+        )
+        try:
+            unset.engine_slots(None)  # vLLM: not published
+            assert unset.law.config.engine_slots == 0
+            unset.engine_slots(4)  # llama.cpp /props total_slots
+            given.engine_slots(4)
+            assert (unset.law.config.engine_slots, given.law.config.engine_slots) == (4, 8)
+        finally:
+            unset.close()
+            given.close()
+
+
+def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
+    def after_one_step(ramp_per_s: float) -> tuple[bool, float | None]:
+        with rig(tmp_path, batch_ramp_per_s=ramp_per_s) as (gw, store):
+            steer = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
+            try:
+                steer.step()
+                ramp = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]["ramp_per_s"]
+                return steer.law.config.serving_ramps, ramp
+            finally:
+                steer.close()
+
+    assert after_one_step(0.5) == (True, 0.5)  # the gateway's GET /control says it ramps
+    assert after_one_step(0.0) == (False, 0.0)

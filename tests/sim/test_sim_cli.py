@@ -1,0 +1,166 @@
+"""`sim run`, `sim sweep` and `sim serve` from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from llm_watchdog.sim.cli import sim, sweep_points
+from llm_watchdog.sim.controllers import (
+    ControllerContext,
+    Observation,
+    StaticAllowance,
+    controller_names,
+    register_controller,
+)
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(sim, list(args))
+    return result.exit_code, result.output
+
+
+def test_run_prints_the_figures_a_person_asks_for() -> None:
+    code, out = invoke(
+        "run", "--scenario", "workstation", "--duration", "10m", "--controller", "static:4"
+    )
+    assert code == 0, out
+    assert "scenario workstation, controller static:4: 10m simulated" in out
+    assert "chat TTFT   p50 " in out and " p95 " in out and " p99 " in out
+    assert "SLO         p95 ≤ 1,500 ms in " in out
+    assert "tokens/s" in out and "allowance   0 changes, final 4" in out
+    assert "GPU         peak " in out and "throttled" in out
+
+
+def test_run_json_is_one_object_with_every_figure() -> None:
+    code, out = invoke("run", "-s", "workstation", "--duration", "5m", "--json", "--minutes")
+    assert code == 0, out
+    doc = json.loads(out)
+    for key in (
+        "chat_ttft_p50_ms",
+        "chat_ttft_p95_ms",
+        "chat_ttft_p99_ms",
+        "slo_attainment",
+        "batch_tokens_per_s",
+        "allowance_changes",
+        "peak_temp_c",
+        "throttled_s",
+    ):
+        assert key in doc
+    assert doc["duration_s"] == 300 and len(doc["minutes"]) == 4  # the 5th ends at the end
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "-s", "no-such"), "scenario 'no-such' not found"),
+        (
+            ("run", "-s", "workstation", "--controller", "static:x"),
+            "controller 'static' needs a whole number",
+        ),
+        (("run", "-s", "workstation", "--controller", "magic"), "unknown controller 'magic'"),
+        (("run", "-s", "workstation", "--duration", "soon"), "expected a duration like"),
+        (("sweep", "-s", "workstation", "--allowances", "a,b"), "give whole numbers"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
+    code, out = invoke(*args)
+    assert code == 2
+    assert message in out
+
+
+def test_a_broken_scenario_file_exits_78(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[gpu]\nambient_c = "warm"\n', encoding="utf-8")
+    code, out = invoke("run", "-s", str(bad))
+    assert code == 78
+    assert "bad.toml: key 'gpu.ambient_c': expected a number (°C)" in out
+
+
+class HalfOnHeat:
+    """A plug-in controller: halves the allowance while the card reports thermal slowdown."""
+
+    interval_s = 30.0
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+
+    def decide(self, now_s: float, obs: Observation) -> int | None:
+        hot = bool((obs.gpu.throttle_reasons or 0) & 0x60)
+        return self.ceiling // 2 if hot else self.ceiling
+
+
+def test_a_registered_controller_runs_by_name() -> None:
+    register_controller("half-on-heat", lambda arg, ctx: HalfOnHeat(ctx.max_allowance))
+    assert "half-on-heat" in controller_names()
+    code, out = invoke("run", "-s", "consumer-warm-room", "--duration", "20m", "-c", "half-on-heat")
+    assert code == 0, out
+    assert "controller half-on-heat" in out
+    assert "final 8" in out  # the card is hot by then: 16 streams halved
+
+
+def test_a_controller_can_be_named_by_import_path() -> None:
+    code, out = invoke(
+        "run", "-s", "workstation", "--duration", "5m", "-c", "tests.sim.test_sim_cli:make_fixed:3"
+    )
+    assert code == 0, out
+    assert "controller tests.sim.test_sim_cli:make_fixed:3" in out and "final 3" in out
+
+
+def make_fixed(arg: str | None, ctx: ControllerContext) -> StaticAllowance:
+    return StaticAllowance(int(arg or "1"))
+
+
+def test_sweep_shows_cool_and_hot_per_allowance() -> None:
+    code, out = invoke(
+        "sweep", "-s", "consumer-warm-room", "--duration", "20m", "--allowances", "0,8"
+    )
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "cool p95" in lines[1] and "hot p95" in lines[1]
+    assert lines[2].split()[0] == "0" and lines[3].split()[0] == "8"
+    assert "largest allowance within the target: cool " in out
+
+
+def test_sweep_points_cover_the_demand() -> None:
+    assert sweep_points(16) == [0, 1, 2, 3, 4, 6, 8, 12, 16]
+    assert sweep_points(0) == [0]
+
+
+@pytest.mark.slow
+def test_serve_prints_the_url_and_config_and_stops_on_ctrl_c() -> None:
+    code = "from llm_watchdog.sim.cli import sim; sim()"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--scenario", "workstation", "--batch-streams", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("heat lab: workstation at http://127.0.0.1:")
+        url = first.split(" at ")[1].split()[0]
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[0].startswith("point the daemon at it")
+        assert lines[2].strip() == f'url = "{url}"'
+        assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert "heat lab stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
