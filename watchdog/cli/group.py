@@ -53,7 +53,7 @@ def when_arg(text: str | None, now: float) -> float | None:
         raise click.BadParameter(str(exc)) from None
 
 
-def open_store(settings: Settings, must_exist: bool = True) -> Any:
+def open_store(settings: Settings, must_exist: bool = True) -> Store:
     path = Path(settings.storage.path)
     if must_exist and not path.exists():
         raise Fail(

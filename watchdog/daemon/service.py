@@ -25,6 +25,7 @@ import httpx
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from llm_watchdog.actuators.base import Actuator
 from llm_watchdog.actuators.command import CommandActuator
 from llm_watchdog.actuators.haproxy import HaproxyActuator
 from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
@@ -442,9 +443,8 @@ class Daemon:
         return clean
 
 
-def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
+def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Steer:
     """The control loop over the configured actuator."""
-
     c = settings.control
     config = settings.control_config()
     if c.actuator == "gateway":
@@ -457,7 +457,7 @@ def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Any:
             dry_run=c.dry_run,
         )
     if c.actuator == "haproxy":
-        actuator: Any = HaproxyActuator(c.haproxy_socket, c.haproxy_backend, c.haproxy_server)
+        actuator: Actuator = HaproxyActuator(c.haproxy_socket, c.haproxy_backend, c.haproxy_server)
     else:
         actuator = CommandActuator(c.command)
     return Steer(config, actuator, store, alerts=alerts, dry_run=c.dry_run)
