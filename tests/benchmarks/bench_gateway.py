@@ -93,6 +93,9 @@ async def _engine_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             events = int(q.get("events", ["8"])[0])
             interval_s = float(q.get("interval_ms", ["0"])[0]) / 1000
             hold_s = float(q.get("hold_s", ["0"])[0])
+            first_s = float(q.get("first_ms", ["0"])[0]) / 1000
+            if first_s:
+                await asyncio.sleep(first_s)  # a prefill
             writer.write(HEAD + chunk(EVENT))  # headers and the first event at once
             for _ in range(events - 1):
                 if interval_s:
@@ -124,6 +127,7 @@ class Conn:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.sent = 0.0
 
     async def stream(self, query: str, on_first: asyncio.Event | None = None) -> tuple[float, int]:
         """One streamed request; (TTFT seconds, SSE events received)."""
@@ -134,7 +138,7 @@ class Conn:
             b"POST /v1/chat/completions?%s HTTP/1.1\r\nhost: bench\r\n"
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
         ) % (query.encode(), len(BODY), BODY)
-        sent = time.perf_counter()
+        sent = self.sent = time.perf_counter()
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
@@ -184,6 +188,28 @@ async def ttft_run(
     await asyncio.gather(*(worker(c, o) for c, o in zip(conns, offsets, strict=True)))
     for c in conns:
         c.close()
+    return out
+
+
+async def wave_run(port: int, concurrency: int, waves: int, query: str) -> list[float]:
+    """`waves` rounds of `concurrency` requests sent together, each on a fresh connection;
+    TTFT counts from the connect, so accepting the connection is part of what is added."""
+    out: list[float] = []
+
+    async def one() -> None:
+        c = Conn(port)
+        started = time.perf_counter()
+        c.reader, c.writer = await asyncio.open_connection("127.0.0.1", port)
+        ttft, _ = await c.stream(query)
+        out.append(ttft + (c.sent - started))
+        c.close()
+
+    for _ in range(2):  # warm the proxy's pool to the engine first
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+    out.clear()
+    for _ in range(waves):
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        await asyncio.sleep(0.02)  # the next wave starts from quiet
     return out
 
 
@@ -253,9 +279,24 @@ def engine_process() -> Iterator[int]:
 
 
 @contextmanager
-def gateway_process(engine_port: int, *extra: str) -> Iterator[tuple[int, psutil.Process]]:
-    """`llm-watchdog gateway` on a free port in front of the engine; `extra`: more options."""
+def gateway_process(
+    engine_port: int, *extra: str, source: Path | None = None
+) -> Iterator[tuple[int, psutil.Process]]:
+    """`llm-watchdog gateway` on a free port in front of the engine; `extra`: more options.
+
+    `source`: another checkout's `watchdog/` folder (an older commit, to compare), run as
+    the default install of its day ran: uvloop and httptools hidden, so uvicorn falls back
+    to asyncio's loop and h11.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_WATCHDOG")}
+    tmp = tempfile.TemporaryDirectory() if source is not None else None
+    if tmp is not None and source is not None:
+        shadow = Path(tmp.name)
+        (shadow / "llm_watchdog").symlink_to(source.resolve())
+        for name in ("uvloop", "httptools"):
+            (shadow / name).mkdir()
+            (shadow / name / "__init__.py").write_text(f"raise ImportError('{name} hidden')\n")
+        env["PYTHONPATH"] = str(shadow)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -290,6 +331,8 @@ def gateway_process(engine_port: int, *extra: str) -> Iterator[tuple[int, psutil
         proc.terminate()
         proc.wait(15)
         proc.stderr.close()
+        if tmp is not None:
+            tmp.cleanup()
 
 
 @contextmanager
@@ -363,6 +406,19 @@ def main() -> None:
     parser.add_argument(
         "--no-pin", action="store_true", help="let the OS place every process (no own core)"
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run the gateway from another checkout's watchdog/ folder (e.g. main's)",
+    )
+    parser.add_argument(
+        "--pattern",
+        choices=("both", "staggered", "waves"),
+        default="both",
+        help="staggered keep-alive workers, waves of fresh connections, or both",
+    )
     parser.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
@@ -375,8 +431,18 @@ def main() -> None:
     # events 20 ms apart), so 64 streams offer ~3,400 events/s, a busy GPU's worth.
     levels = {
         1: (int(400 * scale), "events=2"),
+        8: (max(2, int(50 * scale)), "events=16&interval_ms=20"),
         16: (max(2, int(25 * scale)), "events=16&interval_ms=20"),
         64: (max(2, int(10 * scale)), "events=16&interval_ms=20"),
+    }
+    # concurrency -> waves; each wave is `concurrency` fresh connections sent together, the
+    # engine's first token 50 ms after the request (the issue's set-up).
+    wave_query = "events=4&first_ms=50&interval_ms=20"
+    wave_levels = {
+        1: max(20, int(200 * scale)),
+        8: max(10, int(60 * scale)),
+        16: max(6, int(40 * scale)),
+        64: max(4, int(20 * scale)),
     }
     # one answer's length (16 events 20 ms apart): the window the workers' starts spread over
     stagger_s = 0.0 if args.in_step else 0.3
@@ -399,23 +465,31 @@ def main() -> None:
             "direct": (engine_port, None),
             "gateway": (gw_port, gw_proc),
         }
+        if args.before is not None:
+            proxies["before"] = stack.enter_context(
+                gateway_process(engine_port, source=args.before)
+            )
         if use_haproxy:
             proxies["haproxy"] = stack.enter_context(haproxy_process(engine_port))
-        print(
-            "arrivals: "
-            + ("in step (every worker at once)" if stagger_s == 0 else "workers staggered")
-        )
-        report(proxies, levels, scale, stagger_s)
+        if args.pattern in ("both", "staggered"):
+            print(
+                "\narrivals: keep-alive workers, "
+                + ("in step (every worker at once)" if stagger_s == 0 else "staggered")
+            )
+            report_ttft(proxies, levels, stagger_s)
+        if args.pattern in ("both", "waves"):
+            print("\narrivals: waves of fresh connections sent together, first token at 50 ms")
+            report_waves(proxies, wave_levels, wave_query)
+        report_relay(proxies, scale)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
-def report(
+def report_ttft(
     proxies: dict[str, tuple[int, psutil.Process | None]],
     levels: dict[int, tuple[int, str]],
-    scale: float,
     stagger_s: float,
 ) -> None:
-    print("\nTTFT, client side (request written -> first body chunk), milliseconds;")
+    print("TTFT, client side (request written -> first body chunk), milliseconds;")
     print("cpu us/req: the proxy process's CPU time (user+sys) per request in that run")
     print(
         f"{'streams':>7} {'path':>8} {'n':>5} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
@@ -438,6 +512,45 @@ def report(
                 f"{added[0]:>7} {added[1]:>7} {cpu:>10}"
             )
 
+
+def report_waves(
+    proxies: dict[str, tuple[int, psutil.Process | None]],
+    levels: dict[int, int],
+    query: str,
+) -> None:
+    print("TTFT, client side (connect -> first body chunk), milliseconds; x: added / HAProxy's")
+    print(
+        f"{'streams':>7} {'path':>8} {'n':>5} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
+        f"{'x p50':>6} {'x p99':>6} {'cpu us/req':>10}"
+    )
+    # HAProxy runs right after the direct path, so each proxy's row can show the ratio.
+    order = sorted(proxies, key=lambda n: {"direct": 0, "haproxy": 1}.get(n, 2))
+    for concurrency, waves in levels.items():
+        rows: dict[str, tuple[float, float]] = {}
+        for name in order:
+            port, proc = proxies[name]
+            before = cpu_s(proc) if proc else 0.0
+            ttfts = asyncio.run(wave_run(port, concurrency, waves, query))
+            cpu = f"{(cpu_s(proc) - before) / len(ttfts) * 1e6:.0f}" if proc else ""
+            rows[name] = (pct(ttfts, 0.50) * 1000, pct(ttfts, 0.99) * 1000)
+            base = rows["direct"]
+            added = (rows[name][0] - base[0], rows[name][1] - base[1])
+            ha = rows.get("haproxy")
+            ratio = ("", "")
+            if ha is not None and name != "haproxy":
+                ha_added = (ha[0] - base[0], ha[1] - base[1])
+                ratio = tuple(  # type: ignore[assignment]
+                    f"{a / h:.2f}" if h > 0 else "-" for a, h in zip(added, ha_added, strict=True)
+                )
+            shown = ("", "") if name == "direct" else (f"{added[0]:+.3f}", f"{added[1]:+.3f}")
+            print(
+                f"{concurrency:>7} {name:>8} {len(ttfts):>5} {rows[name][0]:>7.3f} "
+                f"{rows[name][1]:>7.3f} {shown[0]:>7} {shown[1]:>7} {ratio[0]:>6} {ratio[1]:>6} "
+                f"{cpu:>10}"
+            )
+
+
+def report_relay(proxies: dict[str, tuple[int, psutil.Process | None]], scale: float) -> None:
     print("\nRelay, 64 streams; events per CPU-second of the proxy process (one event loop)")
     print(f"{'mode':>10} {'path':>8} {'events':>7} {'wall/s':>8} {'cpu s':>6} {'per cpu-s':>9}")
     events = int(400 * scale)

@@ -53,8 +53,23 @@ class GatewayConfig:
     priority_higher_first: bool = False
     control_token: str | None = field(default=None, repr=False)
     upstream_connect_timeout_s: float = 10.0
+    # From the request written upstream to the answer's status line. A streamed answer's
+    # headers come at once; a non-streamed one's come with its last token, so a long
+    # non-streamed batch answer needs this raised. None: wait forever.
+    upstream_first_byte_timeout_s: float | None = 300.0
     # Silence allowed between two chunks of an upstream answer; a long prefill is silent.
     upstream_read_timeout_s: float | None = 600.0
+    # A client gets this long to send its request headers, and then this long for the body
+    # (slowloris): past either it gets 408 and the connection closes.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    # Open client connections; one more is answered 503 (each holds a file descriptor:
+    # the systemd unit's LimitNOFILE must be above it).
+    max_connections: int = 4096
+    # Request bodies over this are answered 413: the proxy's (a long prompt, images as
+    # base64) and the control API's (a few fields).
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_control_body_bytes: int = 64 * 1024
     # Recent TTFTs kept per class for GET /control/observed and the p50/p95 in GET /control.
     ttft_ring_size: int = 2048
     observed_window_s: float = 300.0
@@ -99,6 +114,16 @@ class GatewayConfig:
                 )
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen_port must be in [0, 65535], got {self.listen_port}")
+        for name in ("upstream_first_byte_timeout_s", "upstream_read_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and (not _is_seconds(value) or value <= 0):
+                raise ValueError(f"{name} must be > 0 seconds or None (no limit), got {value!r}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not _is_seconds(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        for name in ("max_connections", "max_body_bytes", "max_control_body_bytes"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.ttft_ring_size < 1:
             raise ValueError(f"ttft_ring_size must be >= 1, got {self.ttft_ring_size}")
         # Frozen means frozen: a caller's dict changed later must not change the gateway.

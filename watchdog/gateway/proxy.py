@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import math
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from llm_watchdog.gateway.config import CLASSES, GatewayConfig
@@ -280,19 +279,18 @@ class Proxy:
             headers = relay_headers([(k.lower(), v) for k, v in response.headers])
             await send({"type": "http.response.start", "status": status, "headers": headers})
             streamed = status < 300 and response.header(b"content-type").startswith(_STREAM_TYPES)
-            first = True
             chunks = 0
+            next_chunk = response.next_chunk
             try:
-                async with aclosing(response.chunks()) as body_chunks:
-                    async for chunk in body_chunks:
-                        if first:
-                            first = False
-                            if streamed:
-                                stats.record_ttft(gw.wall(), gw.clock() - sent)
-                        chunks += 1
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        if streamed and chunk.endswith(_DONE):
-                            progress.done_seen = True
+                chunk = await next_chunk()
+                if chunk is not None and streamed:
+                    stats.record_ttft(gw.wall(), gw.clock() - sent)
+                while chunk is not None:
+                    chunks += 1
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if streamed and chunk.endswith(_DONE):
+                        progress.done_seen = True
+                    chunk = await next_chunk()
             except UpstreamBroken as exc:
                 # Too late for a status: leave the answer unfinished, so the client sees a
                 # broken stream rather than a clean end of a truncated one.

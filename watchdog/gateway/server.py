@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import signal
 import socket
 import threading
@@ -22,6 +23,7 @@ import uvicorn
 
 from llm_watchdog.gateway.app import Gateway, create_app
 from llm_watchdog.gateway.config import GatewayConfig
+from llm_watchdog.gateway.protocol import protocol_for
 
 
 class ListenError(OSError):
@@ -49,9 +51,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loop() -> str:
+    # uvloop (libuv) where it installs; asyncio's own loop elsewhere (Windows).
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
 def _uvicorn_config(app: Any, config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
         app,
+        loop=_loop(),
+        # httptools on the client side, with the gateway's header, body and connection
+        # limits (protocol.py).
+        http=protocol_for(config),
         log_config=None,  # the caller's logging set-up stays as it is
         access_log=False,  # a line per request costs more than relaying it
         lifespan="on",

@@ -1,13 +1,12 @@
 """The engine behind the gateway: kept-alive HTTP/1.1 connections, one request at a time each.
 
-An asyncio Protocol per connection with h11 (the HTTP/1.1 state machine httpx and uvicorn
-use) for the framing. Why not httpx: httpcore's pool scans its connections on every request,
-and its locks and stream checkpoints yield to the event loop several times per request;
-under load each yield waits behind every chunk being relayed, which adds to time to first
-token (docs/gateway.md has the measurement, from tests/benchmarks/bench_gateway.py). Here a
-request waits for the loop only when it waits for the network, and everything the engine
-sent in one read (several SSE events, or the headers and the first event) is relayed in one
-write.
+An asyncio Protocol per connection with httptools (llhttp, in C) for the framing. Why not
+httpx: httpcore's pool scans its connections on every request, and its locks and stream
+checkpoints yield to the event loop several times per request; under load each yield waits
+behind every chunk being relayed, which adds to time to first token (docs/gateway.md has the
+measurement, from tests/benchmarks/bench_gateway.py). Here a request waits for the loop only
+when it waits for the network, and everything the engine sent in one read (several SSE
+events, or the headers and the first event) is relayed in one write.
 A proxy uses nothing httpx adds on top (cookies, redirects, auth); a client's cookie jar
 would even carry one user's cookies into the next user's requests.
 
@@ -21,11 +20,10 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncGenerator
 from typing import cast
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 
 from llm_watchdog.errors import EngineError
 from llm_watchdog.gateway.config import GatewayConfig
@@ -57,17 +55,30 @@ class _Closed(Exception):
 
 
 class Connection(asyncio.Protocol):
-    """One TCP connection to the engine, fed by the event loop, read by one request."""
+    """One TCP connection to the engine, fed by the event loop, read by one request.
+
+    httptools (llhttp, the parser uvicorn and Node use) parses in C as bytes arrive; its
+    callbacks only collect. A request waits for the loop only while nothing it needs has
+    arrived yet.
+    """
 
     def __init__(self) -> None:
-        self.h11 = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False  # status and headers of the final (non-1xx) answer are in
+        self.done = False  # the whole answer is in
+        self.keep_alive = False
+        self.until_eof = False  # no length and not chunked: the body ends with the connection
+        self.head_only = False  # the answer to HEAD has no body whatever its headers say
+        self.error: str | None = None
+        self.body: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         self._buffered = 0
         self._paused = False
-        self._unparsed = False  # bytes (or the end) arrived since h11 last said NEED_DATA
 
     # -- called by the event loop --------------------------------------------------------
 
@@ -76,57 +87,98 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self.h11.receive_data(data)
-        self._unparsed = True
+        parser = self.parser
+        if parser is None or self.done:
+            self.close()  # bytes nobody asked for: the connection is out of step
+            self._wake()
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = str(exc) or type(exc).__name__
+            self.close()
         self._buffered += len(data)
-        if self._buffered > READ_HIGH_WATER_BYTES and not self._paused:
+        if self._buffered > READ_HIGH_WATER_BYTES and not self._paused and not self.closed:
             self._paused = True
             assert self.transport is not None
             self.transport.pause_reading()
         self._wake()
 
     def eof_received(self) -> bool:
-        self.closed = True  # never handed out again; what was received is still parsed
-        self.h11.receive_data(b"")
-        self._unparsed = True
+        self.closed = True  # never handed out again; what was received is still read
+        if self.head_done and self.until_eof:
+            self.done = True
         self._wake()
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.head_done and self.until_eof:
+            self.done = True
         self._wake()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        status = self.parser.get_status_code()
+        if status < 200:  # 100 Continue and the like: the real answer follows
+            self.headers = []
+            return
+        self.status = status
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        framed = any(k in (b"content-length", b"transfer-encoding") for k, _ in self.headers)
+        self.until_eof = not framed and status not in (204, 304) and not self.head_only
+        if self.until_eof:
+            self.keep_alive = False
+        # A fresh parser reads the next answer (begin()), so this one's idea of a body
+        # to come, from the HEAD answer's Content-Length, is never acted on.
+        self.done = self.head_only
+
+    def on_body(self, body: bytes) -> None:
+        if self.head_done and not self.head_only:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.done = True
+
     # -- called by the request -----------------------------------------------------------
+
+    def begin(self, head_only: bool) -> None:
+        """Ready for the answer to the request about to be written."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers = []
+        self.head_done = self.done = self.until_eof = False
+        self.head_only = head_only
+        self.error = None
+        self.body = []
 
     def write(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.write(data)
 
-    def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
-        """The next event that is already complete, without waiting."""
-        event = self.h11.next_event()
-        if event is h11.NEED_DATA:
-            # All that was received is parsed: let the engine send more.
-            self._unparsed = False
-            self._buffered = 0
-            if self._paused and self.transport is not None:
-                self._paused = False
-                self.transport.resume_reading()
-        return event
+    def take_body(self) -> bytes:
+        """All body bytes parsed so far, in one piece; lets the engine send more."""
+        parts = self.body
+        self.body = []
+        self._buffered = 0
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def wait_data(self, timeout_s: float | None) -> None:
-        """Wait until more bytes (or the end) arrive; TimeoutError after `timeout_s`.
-
-        Returns at once if something arrived since h11 last needed data (the caller was
-        busy meanwhile, e.g. relaying to a slow client). After an EOF h11 never needs
-        data, so a closed connection here was reset without one: _Closed.
-        """
-        if self._unparsed:
-            return
+        """Wait until more bytes (or the end) arrive; TimeoutError after `timeout_s`."""
         if self.closed:
             raise _Closed
         loop = asyncio.get_running_loop()
@@ -144,12 +196,7 @@ class Connection(asyncio.Protocol):
             self._waiter.set_exception(TimeoutError())
 
     def reusable(self, now: float) -> bool:
-        return (
-            not self.closed
-            and self.h11.our_state is h11.IDLE
-            and self.h11.their_state is h11.IDLE
-            and now - self.idle_since < KEEPALIVE_S
-        )
+        return not self.closed and now - self.idle_since < KEEPALIVE_S
 
     def close(self) -> None:
         self.closed = True
@@ -158,14 +205,14 @@ class Connection(asyncio.Protocol):
 
 
 class UpstreamResponse:
-    """Status and headers of one answer; `chunks()` its body; `aclose()` frees the connection."""
+    """Status and headers of one answer; `next_chunk()` its body; `aclose()` frees the
+    connection."""
 
-    def __init__(self, upstream: Upstream, conn: Connection, response: h11.Response) -> None:
-        self.status = response.status_code
-        self.headers: list[tuple[bytes, bytes]] = list(response.headers)  # names lower-case
+    def __init__(self, upstream: Upstream, conn: Connection) -> None:
+        self.status = conn.status
+        self.headers = conn.headers  # names lower-case
         self._upstream = upstream
         self._conn = conn
-        self._complete = False
         self._released = False
 
     def header(self, name: bytes) -> bytes:
@@ -174,43 +221,33 @@ class UpstreamResponse:
                 return value
         return b""
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        """Body bytes as they arrive: all that one read brought, in one piece, undecoded."""
+    async def next_chunk(self) -> bytes | None:
+        """Body bytes as they arrive: all that came since the last call, in one piece,
+        undecoded; None at the end of the answer."""
         conn = self._conn
-        parts: list[bytes] = []
         while True:
+            if conn.body:
+                return conn.take_body()
+            if conn.done:
+                return None
+            if conn.error is not None:  # e.g. a malformed chunk
+                raise UpstreamBroken(conn.error)
             try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:  # e.g. closed inside a chunked body
-                raise UpstreamBroken(str(exc)) from None
-            if type(event) is h11.Data:
-                parts.append(event.data)
-                continue
-            if parts:
-                # While the client takes these, more may arrive: ask h11 again after.
-                yield b"".join(parts) if len(parts) > 1 else parts[0]
-                parts = []
-            if type(event) is h11.EndOfMessage:
-                self._complete = True
-                return
-            if event is h11.NEED_DATA:
-                try:
-                    await conn.wait_data(self._upstream.read_timeout_s)
-                except TimeoutError:
-                    raise UpstreamBroken(
-                        f"no data for {self._upstream.read_timeout_s:g} s"
-                    ) from None
-                except _Closed:
-                    raise UpstreamBroken("the engine closed the connection") from None
-                continue
-            raise UpstreamBroken(f"unexpected {type(event).__name__} in the answer")
+                await conn.wait_data(self._upstream.read_timeout_s)
+            except TimeoutError:
+                raise UpstreamBroken(f"no data for {self._upstream.read_timeout_s:g} s") from None
+            except _Closed:
+                if conn.body or conn.done:
+                    continue
+                raise UpstreamBroken("the engine closed the connection") from None
 
     async def aclose(self) -> None:
         """Back to the pool if the answer was read to its end; closed otherwise, which is
         how the engine learns that the client went away."""
         if not self._released:
             self._released = True
-            self._upstream.release(self._conn, self._complete)
+            conn = self._conn
+            self._upstream.release(conn, conn.done and not conn.body)
 
 
 class Upstream:
@@ -221,9 +258,11 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.host_header = parts.netloc.encode()
         self.prefix = parts.path.rstrip("/").encode()
+        # Written once: every request to this engine starts its headers with these bytes.
+        self._host_line = b"\r\nhost: " + parts.netloc.encode() + b"\r\n"
         self.connect_timeout_s = config.upstream_connect_timeout_s
+        self.first_byte_timeout_s = config.upstream_first_byte_timeout_s
         self.read_timeout_s = config.upstream_read_timeout_s
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: list[Connection] = []
@@ -235,12 +274,13 @@ class Upstream:
 
     async def _take(self, fresh: bool) -> tuple[Connection, bool]:
         """A connection for one request, and whether it served one before."""
-        now = time.monotonic()
-        while self._idle and not fresh:
-            conn = self._idle.pop()
-            if conn.reusable(now):
-                return conn, True
-            conn.close()
+        if self._idle and not fresh:
+            now = time.monotonic()
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.reusable(now):
+                    return conn, True
+                conn.close()
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
@@ -269,34 +309,43 @@ class Upstream:
 
     def release(self, conn: Connection, complete: bool) -> None:
         self._busy.discard(conn)
-        if complete and conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
-            conn.h11.start_next_cycle()
+        if complete and conn.keep_alive and not conn.closed:
+            conn.parser = None  # bytes arriving now belong to no request
             conn.idle_since = time.monotonic()
             if len(self._idle) < MAX_IDLE_CONNECTIONS:
                 self._idle.append(conn)
                 return
         conn.close()  # unfinished answer, Connection: close, or surplus
 
+    def request_bytes(
+        self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> bytes:
+        """The whole request, framed with Content-Length, ready for one write.
+
+        The names and values come from the server's parser, which refuses CR, LF and NUL
+        in them, so they are written as they are.
+        """
+        parts = [method.encode(), b" ", self.prefix, target, b" HTTP/1.1", self._host_line]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if body or method in ("POST", "PUT", "PATCH"):
+            parts += (b"content-length: ", str(len(body)).encode(), b"\r\n")
+        parts += (b"\r\n", body)
+        return b"".join(parts)
+
     async def send(
         self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamResponse:
         """Send one request and wait for the status line and headers."""
-        headers = [(b"host", self.host_header), *headers]
-        if body or method in ("POST", "PUT", "PATCH"):
-            headers.append((b"content-length", str(len(body)).encode()))
-        request = h11.Request(method=method, target=self.prefix + target, headers=headers)
+        data = self.request_bytes(method, target, headers, body)
         for attempt in (1, 2):
             conn, reused = await self._take(fresh=attempt == 2)
             self._busy.add(conn)
             try:
-                try:
-                    head = conn.h11.send(request) or b""
-                except h11.LocalProtocolError as exc:
-                    raise UpstreamError(400, f"cannot forward this request: {exc}") from exc
-                middle = (conn.h11.send(h11.Data(data=body)) or b"") if body else b""
-                end = conn.h11.send(h11.EndOfMessage()) or b""
-                conn.write(head + middle + end)  # the whole request in one write
-                return UpstreamResponse(self, conn, await self._response(conn))
+                conn.begin(head_only=method == "HEAD")
+                conn.write(data)  # the whole request in one write
+                await self._response(conn)
+                return UpstreamResponse(self, conn)
             except _Closed as exc:
                 self.release(conn, complete=False)
                 # A kept-alive connection the engine closed just as it was taken fails like
@@ -311,34 +360,21 @@ class Upstream:
                 raise
         raise AssertionError("unreachable")
 
-    async def _response(self, conn: Connection) -> h11.Response:
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                if conn.h11.their_state is h11.CLOSED or conn.closed:
-                    raise _Closed from exc
+    async def _response(self, conn: Connection) -> None:
+        """Wait for the status line and headers; the first byte has `first_byte_timeout_s`."""
+        while not conn.head_done:
+            if conn.error is not None:
                 raise UpstreamError(
-                    502, f"upstream {self.base_url} sent a malformed answer: {exc}"
+                    502, f"upstream {self.base_url} sent a malformed answer: {conn.error}"
+                )
+            try:
+                await conn.wait_data(self.first_byte_timeout_s)
+            except TimeoutError as exc:
+                raise UpstreamError(
+                    504,
+                    f"upstream {self.base_url} sent no answer within "
+                    f"{self.first_byte_timeout_s:g} s (--upstream-first-byte-timeout)",
                 ) from exc
-            if type(event) is h11.Response:
-                return event
-            if type(event) is h11.InformationalResponse:
-                continue  # 100 Continue and the like
-            if event is h11.NEED_DATA:
-                try:
-                    await conn.wait_data(self.read_timeout_s)
-                except TimeoutError as exc:
-                    raise UpstreamError(
-                        504,
-                        f"upstream {self.base_url} sent no answer within {self.read_timeout_s:g} s",
-                    ) from exc
-                continue
-            if type(event) is h11.ConnectionClosed:
-                raise _Closed
-            raise UpstreamError(
-                502, f"upstream {self.base_url} answered with {type(event).__name__}"
-            )
 
     async def aclose(self) -> None:
         for conn in [*self._idle, *self._busy]:
