@@ -121,6 +121,49 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 )
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
+@click.option(
+    "--upstream-first-byte-timeout",
+    default="300s",
+    show_default=True,
+    callback=_duration,
+    help="Wait this long for the engine's answer to start (raise it for long non-streamed "
+    "answers).",
+)
+@click.option(
+    "--upstream-read-timeout",
+    default="600s",
+    show_default=True,
+    callback=_duration,
+    help="Silence allowed between two chunks of an answer.",
+)
+@click.option(
+    "--header-timeout",
+    default="10s",
+    show_default=True,
+    callback=_duration,
+    help="A client's time to send its request headers (then 408).",
+)
+@click.option(
+    "--body-timeout",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="A client's time to send its request body after the headers (then 408).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="Open client connections; past it, 503 (keep LimitNOFILE above it).",
+)
+@click.option(
+    "--max-body",
+    type=click.IntRange(min=1),
+    default=32 * 1024 * 1024,
+    show_default=True,
+    help="Largest request body in bytes (then 413).",
+)
 @click.option("--token-file", default=None, help=f"Control token file (else ${TOKEN_ENV}).")
 @click.option("--key-classes-file", default=None, help="Lines `API_KEY = CLASS`.")
 @click.option(
@@ -138,6 +181,12 @@ def gateway(
     batch_ramp: float,
     priorities: tuple[str, ...],
     priority_higher_first: bool,
+    upstream_first_byte_timeout: float,
+    upstream_read_timeout: float,
+    header_timeout: float,
+    body_timeout: float,
+    max_connections: int,
+    max_body: int,
     token_file: str | None,
     key_classes_file: str | None,
     log_level: str,
@@ -167,6 +216,12 @@ def gateway(
             batch_ramp_per_s=batch_ramp,
             priorities=_priorities(priorities),
             priority_higher_first=priority_higher_first,
+            upstream_first_byte_timeout_s=upstream_first_byte_timeout,
+            upstream_read_timeout_s=upstream_read_timeout,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            max_connections=max_connections,
+            max_body_bytes=max_body,
             control_token=token,
         )
     except ValueError as exc:

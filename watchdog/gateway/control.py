@@ -14,16 +14,24 @@ OpenAI's error shape, like the rest of the gateway.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 if TYPE_CHECKING:
     from llm_watchdog.gateway.app import Gateway
 
 MAX_REASON_CHARS = 500
+# The longest lease accepted: a day. A cut that should outlive a day is a new default
+# (--batch-allowance), not a lease; and the event loop's timer cannot hold 1e300 s.
+MAX_LEASE_S = 86400.0
+# C0 and C1 controls (newline, ESC of an ANSI sequence, ...), DEL, and Unicode's line and
+# paragraph separators: a reason is logged, and must stay on one line and print as it reads.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _gw(request: Request) -> Gateway:
@@ -75,10 +83,33 @@ async def put_class(request: Request) -> Response:
             "invalid_request_error",
             "no_allowance",
         )
+    limit = gw.config.max_control_body_bytes
+    raw = bytearray()
     try:
-        data = await request.json()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > limit:
+                return _error(
+                    413,
+                    f"the body is over the control API's limit of {limit} bytes: send only "
+                    '{"allowance": ..., "lease_s": ..., "reason": ...}',
+                    "invalid_request_error",
+                    "body_too_large",
+                )
+    except ClientDisconnect:
+        return Response(status_code=400)  # nobody is there to read it
+    try:
+        data = json.loads(raw)
     except ValueError:
         data = None
+    except RecursionError:
+        return _error(
+            400,
+            "the body nests JSON deeper than the gateway reads: send a flat object like "
+            '{"allowance": 4, "lease_s": 60}',
+            "invalid_request_error",
+            "invalid_value",
+        )
     parsed = parse_put(data, gate.allowance.ceiling)
     if isinstance(parsed, str):
         return _error(400, parsed, "invalid_request_error", "invalid_value")
@@ -95,21 +126,38 @@ def parse_put(data: Any, ceiling: int) -> tuple[int, float | None, str] | str:
         return f"the body must be a JSON object like {example}"
     value = data.get("allowance")
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= ceiling:
-        return f"allowance must be an integer in [0, {ceiling}], got {value!r}"
+        return f"allowance must be an integer in [0, {ceiling}], got {_short(value)}"
     lease_s = data.get("lease_s")
     if lease_s is not None and (
         not isinstance(lease_s, (int, float))
         or isinstance(lease_s, bool)
-        or not math.isfinite(lease_s)
-        or lease_s <= 0
+        # Compared, not converted: an integer of 400 digits has no float (nan and inf fail).
+        or not 0 < lease_s <= MAX_LEASE_S
     ):
-        return f"lease_s must be a positive number of seconds or null, got {lease_s!r}"
+        return (
+            f"lease_s must be a positive number of seconds up to {MAX_LEASE_S:g} (a day) "
+            f"or null, got {_short(lease_s)}"
+        )
     reason = data.get("reason", "")
     if reason is None:
         reason = ""
     if not isinstance(reason, str):
-        return f"reason must be a string, got {reason!r}"
-    return value, None if lease_s is None else float(lease_s), reason[:MAX_REASON_CHARS]
+        return f"reason must be a string, got {_short(reason)}"
+    return value, None if lease_s is None else float(lease_s), clean_reason(reason)
+
+
+def clean_reason(reason: str) -> str:
+    """`reason` on one printable line: control characters become spaces, then cut short."""
+    return _UNPRINTABLE.sub(" ", reason[:MAX_REASON_CHARS])
+
+
+def _short(value: Any) -> str:
+    # An error line repeats what was sent, at most a few dozen characters of it.
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit for str()
+        return "an integer too long to print"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 async def get_observed(request: Request) -> Response:

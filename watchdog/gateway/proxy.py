@@ -109,12 +109,21 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     return frozenset(tokens)
 
 
+class BodyError(ValueError):
+    """A request body the gateway will not forward; str() is the one line to answer."""
+
+
 def inject_priority(body: bytes, field: str, value: int) -> bytes:
-    """`body` with `field` set to `value` when it is a JSON object; otherwise unchanged."""
+    """`body` with `field` set to `value` when it is a JSON object; otherwise unchanged.
+
+    Raises BodyError for JSON nested deeper than the parser's recursion limit.
+    """
     try:
         data = json.loads(body)
     except ValueError:  # includes UnicodeDecodeError
         return body
+    except RecursionError:
+        raise BodyError("the JSON body nests deeper than the gateway reads: flatten it") from None
     if not isinstance(data, dict):
         return body
     data[field] = value
@@ -158,9 +167,20 @@ class Proxy:
         except ClassError as exc:
             await send_error(send, 400, str(exc), "invalid_request_error", "unknown_traffic_class")
             return
-        body = await _read_body(receive)
+        limit = gw.config.max_body_bytes
+        if _declared_length(scope["headers"]) > limit:
+            await send_error(
+                send, 413, _too_large(limit), "invalid_request_error", "body_too_large"
+            )
+            return
+        body = await _read_body(receive, limit)
         if body is None:
             return  # the client left while sending its request
+        if body is _TOO_LARGE:
+            await send_error(
+                send, 413, _too_large(limit), "invalid_request_error", "body_too_large"
+            )
+            return
         stats = gw.observer[cls]
         stats.requests += 1
         progress = Progress()
@@ -204,6 +224,13 @@ class Proxy:
         # or reading health costs nothing and never waits.
         gated = scope["method"] == "POST"
         admitted = False
+        priority = gw.priority_for(cls) if gated else None
+        if priority is not None:  # before the wait in line: a body refused takes no place
+            try:
+                body = inject_priority(body, gw.config.priority_field, priority)
+            except BodyError as exc:
+                await send_error(send, 400, str(exc), "invalid_request_error", "invalid_body")
+                return
         if gated:
             stats.work_requests += 1
             gw.expire_leases()
@@ -218,9 +245,6 @@ class Proxy:
                     return
                 upstream = gw.secondary
         try:
-            priority = gw.priority_for(cls) if gated else None
-            if priority is not None:
-                body = inject_priority(body, gw.config.priority_field, priority)
             result = await self._forward(scope, send, cls, body, upstream, progress)
         finally:
             if admitted:
@@ -304,13 +328,45 @@ class Proxy:
         return "ok" if status < 400 else "upstream_status"
 
 
-async def _read_body(receive: Any) -> bytes | None:
-    parts: list[bytes] = []
+_TOO_LARGE = b"\0too large"  # a sentinel: compared by identity
+
+
+def _too_large(limit: int) -> str:
+    return (
+        f"the request body is over the gateway's limit of {limit} bytes: send less, "
+        "or raise --max-body"
+    )
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # the server's parser refuses it before the app sees it
+    return 0
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole body; None if the client left; _TOO_LARGE past `limit` bytes."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body if len(body) <= limit else _TOO_LARGE
+    parts = [body]
+    size = len(body)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        parts.append(message.get("body", b""))
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return _TOO_LARGE
+        parts.append(part)
         if not message.get("more_body", False):
             return b"".join(parts)
 
