@@ -35,6 +35,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -381,6 +382,76 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+# -- profile ---------------------------------------------------------------------------
+
+
+def start_sampler(proc: psutil.Process, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `proc` (CPU only, idle waits left out) until SIGINT."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    sampler = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(proc.pid),
+            "--format",
+            "raw",
+            "--rate",
+            "500",
+            "--nonblocking",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pin(sampler.pid, proxy=False)
+    time.sleep(1.0)  # attached before the load starts
+    return sampler
+
+
+# Where a frame's time is put: the first pattern its file or function matches, leaf first.
+CATEGORIES = (
+    ("event loop (uvloop/asyncio, epoll, callbacks)", ("uvloop", "asyncio/", "selectors")),
+    ("client side HTTP (uvicorn protocol, ASGI cycle)", ("uvicorn/",)),
+    ("upstream HTTP (gateway/upstream.py)", ("gateway/upstream.py",)),
+    ("proxy logic (gateway/proxy.py, admission, observe)", ("gateway/",)),
+    ("Starlette (own paths only)", ("starlette/",)),
+    ("h11 (pure-Python HTTP)", ("h11/",)),
+)
+
+
+def summarize_profile(path: Path, top: int = 12) -> None:
+    """Self time by category and by function, from py-spy's collapsed stacks."""
+    by_function: dict[str, int] = {}
+    by_category: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        leaf = frames[-1]
+        by_function[leaf] = by_function.get(leaf, 0) + n
+        category = "other (interpreter, stdlib)"
+        for frame in reversed(frames):
+            found = next((c for c, pats in CATEGORIES if any(p in frame for p in pats)), None)
+            if found is not None:
+                category = found
+                break
+        by_category[category] = by_category.get(category, 0) + n
+        total += n
+    if not total:
+        print("  no samples")
+        return
+    for category, n in sorted(by_category.items(), key=lambda kv: -kv[1]):
+        print(f"  {100 * n / total:5.1f} %  {category}")
+    print("  top functions by self time:")
+    for function, n in sorted(by_function.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {100 * n / total:5.1f} %  {function[:110]}")
+
+
 # -- report ------------------------------------------------------------------------------
 
 
@@ -418,6 +489,14 @@ def main() -> None:
         choices=("both", "staggered", "waves"),
         default="both",
         help="staggered keep-alive workers, waves of fresh connections, or both",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sample each gateway with py-spy into DIR/<name>.txt and print where its CPU "
+        "time goes (sampling costs CPU: take figures from a run without it)",
     )
     parser.add_argument("--serve-engine", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -471,6 +550,12 @@ def main() -> None:
             )
         if use_haproxy:
             proxies["haproxy"] = stack.enter_context(haproxy_process(engine_port))
+        samplers: dict[str, subprocess.Popen[bytes]] = {}
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            for name in ("gateway", "before"):
+                if name in proxies and proxies[name][1] is not None:
+                    samplers[name] = start_sampler(proxies[name][1], args.profile / f"{name}.txt")
         if args.pattern in ("both", "staggered"):
             print(
                 "\narrivals: keep-alive workers, "
@@ -481,6 +566,12 @@ def main() -> None:
             print("\narrivals: waves of fresh connections sent together, first token at 50 ms")
             report_waves(proxies, wave_levels, wave_query)
         report_relay(proxies, scale)
+        for name, sampler in samplers.items():
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait(30)
+            assert args.profile is not None
+            print(f"\nWhere {name}'s CPU time goes (py-spy samples, {args.profile}/{name}.txt)")
+            summarize_profile(args.profile / f"{name}.txt")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -15,10 +15,38 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from llm_watchdog.gateway.config import GatewayConfig
+
+# The scope extension holding a connection's ClientGone; the proxy waits on it instead of
+# running a task per request that waits for ASGI's http.disconnect.
+CLIENT_GONE = "llm_watchdog.client_gone"
+
+
+class ClientGone:
+    """Calls its callbacks once, when the client's connection is lost."""
+
+    __slots__ = ("gone", "_callbacks")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def add(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def remove(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def fire(self) -> None:
+        self.gone = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
@@ -67,11 +95,13 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._gone = ClientGone()
             self._arm(header_s, too_slow_head)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+            self._gone.fire()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -85,6 +115,8 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 self.transport.write(too_many)
                 self.transport.close()
                 return
+            # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ClientGone}}.
+            self.scope["extensions"] = {CLIENT_GONE: {"watch": self._gone}}
             super().on_headers_complete()
             self._arm(body_s, too_slow_body)
 
@@ -118,6 +150,7 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 # The app waits on the body: it sees the client gone, and writes nothing.
                 cycle.disconnected = True
                 cycle.message_event.set()
+                self._gone.fire()
             self.transport.write(answer)
             self.transport.close()
 

@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from llm_watchdog.gateway.config import CLASSES, GatewayConfig
+from llm_watchdog.gateway.protocol import CLIENT_GONE, ClientGone
 from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
 if TYPE_CHECKING:
@@ -186,18 +187,31 @@ class Proxy:
         progress = Progress()
         task = asyncio.current_task()
         assert task is not None
-        # The work runs right here (no extra task: one fewer turn of the event loop before
-        # the request goes upstream); the watcher cancels it when the client goes away.
-        watch = asyncio.ensure_future(_until_disconnect(receive))
         left = False
 
-        def on_watch_done(done: asyncio.Future[None]) -> None:
+        def on_gone() -> None:
             nonlocal left
-            if not done.cancelled() and done.exception() is None:
-                left = True
-                task.cancel()
+            left = True
+            task.cancel()
 
-        watch.add_done_callback(on_watch_done)
+        # The work runs right here (no extra task: one fewer turn of the event loop before
+        # the request goes upstream); when the client goes away, on_gone cancels it. The
+        # gateway's own server says so directly (protocol.py); under another server a task
+        # waits for ASGI's http.disconnect.
+        gone: ClientGone | None = scope.get("extensions", {}).get(CLIENT_GONE, {}).get("watch")
+        watch: asyncio.Future[None] | None = None
+        if gone is not None:
+            if gone.gone:
+                return
+            gone.add(on_gone)
+        else:
+            watch = asyncio.ensure_future(_until_disconnect(receive))
+
+            def on_watch_done(done: asyncio.Future[None]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    on_gone()
+
+            watch.add_done_callback(on_watch_done)
         try:
             await self._handle(scope, send, cls, body, progress)
         except asyncio.CancelledError:
@@ -210,8 +224,11 @@ class Proxy:
             # before the last empty chunk: that answer arrived whole.
             stats.outcomes["ok" if progress.done_seen else "disconnected"] += 1
         finally:
-            watch.remove_done_callback(on_watch_done)
-            watch.cancel()
+            if gone is not None:
+                gone.remove(on_gone)
+            if watch is not None:
+                watch.remove_done_callback(on_watch_done)
+                watch.cancel()
 
     async def _handle(
         self, scope: Scope, send: Any, cls: str, body: bytes, progress: Progress
