@@ -57,6 +57,9 @@ def test_key_classes_file(tmp_path: Path) -> None:
         (["--upstream", "http://127.0.0.1:8000/v1"], 2, "must be the engine's root"),
         (["--max-queue-wait", "soon"], 2, "expected a duration like 10s"),
         (["--priority", "batch=low"], 2, "expected CLASS=INTEGER like batch=10"),
+        (["--upstream-first-byte-timeout", "0"], 2, "upstream_first_byte_timeout_s must be > 0"),
+        (["--header-timeout", "soon"], 2, "expected a duration like 10s"),
+        (["--max-connections", "0"], 2, "0 is not in the range x>=1"),
     ],
 )
 def test_bad_options_exit_with_one_line(args: list[str], code: int, message: str) -> None:

@@ -18,6 +18,7 @@ from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from tests.gateway.test_gateway import (
     CHAT_URL,
     TOKEN,
+    Background,
     FakeEngine,
     batch_headers,
     batch_state,
@@ -318,6 +319,22 @@ def test_an_engine_that_never_answers_is_504_after_the_first_byte_timeout(
     assert 0.25 <= waited < 5.0
     wait_for(lambda: batch_state(http, gw)["inflight"] == 0, what="place given back")
     wait_for(lambda: engine.count("cancelled") == 1, what="the engine sees the request go")
+
+
+def test_the_upstream_pool_keeps_at_most_its_size_idle(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    gw = make_gateway(upstream_pool_size=1)
+    held = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(2)]
+    wait_for(lambda: engine.count("open") == 2, what="two streams at the engine")
+    assert gw.gateway.primary.connections == 2
+    engine.release("b")
+    for request in held:
+        assert request.join().status == 200
+    wait_for(lambda: gw.gateway.primary.connections == 1, what="one connection kept")
+    ports = {seen.client_port for seen in engine.seen}
+    assert http.post(gw.url + CHAT_URL, json=chat_body(stream=False)).status_code == 200
+    assert engine.seen[-1].client_port in ports  # the one kept was reused
 
 
 @pytest.mark.parametrize(

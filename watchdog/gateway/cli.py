@@ -137,6 +137,13 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     help="Silence allowed between two chunks of an answer.",
 )
 @click.option(
+    "--upstream-pool",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Idle kept-alive connections per engine: its slots (max_num_seqs, --parallel).",
+)
+@click.option(
     "--header-timeout",
     default="10s",
     show_default=True,
@@ -183,6 +190,7 @@ def gateway(
     priority_higher_first: bool,
     upstream_first_byte_timeout: float,
     upstream_read_timeout: float,
+    upstream_pool: int,
     header_timeout: float,
     body_timeout: float,
     max_connections: int,
@@ -218,6 +226,7 @@ def gateway(
             priority_higher_first=priority_higher_first,
             upstream_first_byte_timeout_s=upstream_first_byte_timeout,
             upstream_read_timeout_s=upstream_read_timeout,
+            upstream_pool_size=upstream_pool,
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
             max_connections=max_connections,

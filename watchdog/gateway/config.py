@@ -53,6 +53,9 @@ class GatewayConfig:
     priority_higher_first: bool = False
     control_token: str | None = field(default=None, repr=False)
     upstream_connect_timeout_s: float = 10.0
+    # Idle kept-alive connections kept per engine: as many as it runs requests at once
+    # (vLLM's max_num_seqs, llama.cpp's --parallel) is all a pool can use.
+    upstream_pool_size: int = 256
     # From the request written upstream to the answer's status line. A streamed answer's
     # headers come at once; a non-streamed one's come with its last token, so a long
     # non-streamed batch answer needs this raised. None: wait forever.
@@ -121,7 +124,12 @@ class GatewayConfig:
         for name in ("header_timeout_s", "body_timeout_s"):
             if not _is_seconds(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        for name in ("max_connections", "max_body_bytes", "max_control_body_bytes"):
+        for name in (
+            "max_connections",
+            "max_body_bytes",
+            "max_control_body_bytes",
+            "upstream_pool_size",
+        ):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.ttft_ring_size < 1:

@@ -317,7 +317,7 @@ class Proxy:
             return "upstream_error"
         try:
             status = response.status
-            headers = relay_headers([(k.lower(), v) for k, v in response.headers])
+            headers = relay_headers(response.headers)  # names are lower-case already
             await send({"type": "http.response.start", "status": status, "headers": headers})
             streamed = status < 300 and response.header(b"content-type").startswith(_STREAM_TYPES)
             chunks = 0

@@ -28,8 +28,6 @@ import httptools
 from llm_watchdog.errors import EngineError
 from llm_watchdog.gateway.config import GatewayConfig
 
-# Idle connections kept per engine; more than the engine runs at once is of no use.
-MAX_IDLE_CONNECTIONS = 256
 # A connection idle longer than this is closed rather than reused: engines close idle
 # connections on their own timers (docs/probe.md, "Keep-alive"), and uvicorn's default is 5 s.
 KEEPALIVE_S = 4.0
@@ -61,6 +59,26 @@ class Connection(asyncio.Protocol):
     callbacks only collect. A request waits for the loop only while nothing it needs has
     arrived yet.
     """
+
+    # One per open stream: slots keep each a few hundred bytes smaller than a __dict__.
+    __slots__ = (
+        "transport",
+        "closed",
+        "idle_since",
+        "parser",
+        "status",
+        "headers",
+        "head_done",
+        "done",
+        "keep_alive",
+        "until_eof",
+        "head_only",
+        "error",
+        "body",
+        "_waiter",
+        "_buffered",
+        "_paused",
+    )
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -208,6 +226,8 @@ class UpstreamResponse:
     """Status and headers of one answer; `next_chunk()` its body; `aclose()` frees the
     connection."""
 
+    __slots__ = ("status", "headers", "_upstream", "_conn", "_released")
+
     def __init__(self, upstream: Upstream, conn: Connection) -> None:
         self.status = conn.status
         self.headers = conn.headers  # names lower-case
@@ -264,6 +284,8 @@ class Upstream:
         self.connect_timeout_s = config.upstream_connect_timeout_s
         self.first_byte_timeout_s = config.upstream_first_byte_timeout_s
         self.read_timeout_s = config.upstream_read_timeout_s
+        # Idle connections kept; more than the engine runs at once is of no use.
+        self.max_idle = config.upstream_pool_size
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
@@ -312,7 +334,7 @@ class Upstream:
         if complete and conn.keep_alive and not conn.closed:
             conn.parser = None  # bytes arriving now belong to no request
             conn.idle_since = time.monotonic()
-            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+            if len(self._idle) < self.max_idle:
                 self._idle.append(conn)
                 return
         conn.close()  # unfinished answer, Connection: close, or surplus
