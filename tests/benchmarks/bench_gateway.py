@@ -486,9 +486,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--pattern",
-        choices=("both", "staggered", "waves"),
+        choices=("both", "staggered", "waves", "none"),
         default="both",
-        help="staggered keep-alive workers, waves of fresh connections, or both",
+        help="staggered keep-alive workers, waves of fresh connections, both, or none "
+        "(relay and memory only)",
     )
     parser.add_argument(
         "--profile",

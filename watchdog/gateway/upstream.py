@@ -76,6 +76,9 @@ class Connection(asyncio.Protocol):
         "error",
         "body",
         "_waiter",
+        "_timer",
+        "_timer_s",
+        "_wait_since",
         "_buffered",
         "_paused",
     )
@@ -95,6 +98,9 @@ class Connection(asyncio.Protocol):
         self.error: str | None = None
         self.body: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_s = 0.0
+        self._wait_since = 0.0
         self._buffered = 0
         self._paused = False
 
@@ -196,28 +202,54 @@ class Connection(asyncio.Protocol):
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def wait_data(self, timeout_s: float | None) -> None:
-        """Wait until more bytes (or the end) arrive; TimeoutError after `timeout_s`."""
+        """Wait until more bytes (or the end) arrive; TimeoutError after `timeout_s`.
+
+        One timer per connection outlives the waits: a timer armed and cancelled for every
+        chunk cost more than relaying the chunk. When it fires early for this wait (it was
+        armed for an earlier one) it is armed again for what is left.
+        """
         if self.closed:
             raise _Closed
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
-        timer = None if timeout_s is None else loop.call_later(timeout_s, self._time_out)
+        if timeout_s is not None:
+            self._wait_since = loop.time()
+            if self._timer is None or self._timer_s != timeout_s:
+                self._arm(loop, timeout_s, timeout_s)
         try:
             await self._waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    def _time_out(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(TimeoutError())
+    def _arm(self, loop: asyncio.AbstractEventLoop, delay_s: float, timeout_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_s = timeout_s
+        self._timer = loop.call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no one waits: the next wait arms it again
+        loop = waiter.get_loop()
+        left = self._timer_s - (loop.time() - self._wait_since)
+        if left > 0.001:
+            self._arm(loop, left, self._timer_s)
+        else:
+            waiter.set_exception(TimeoutError())
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def reusable(self, now: float) -> bool:
         return not self.closed and now - self.idle_since < KEEPALIVE_S
 
     def close(self) -> None:
         self.closed = True
+        self.stop_timer()
         if self.transport is not None:
             self.transport.close()
 
@@ -331,6 +363,7 @@ class Upstream:
 
     def release(self, conn: Connection, complete: bool) -> None:
         self._busy.discard(conn)
+        conn.stop_timer()
         if complete and conn.keep_alive and not conn.closed:
             conn.parser = None  # bytes arriving now belong to no request
             conn.idle_since = time.monotonic()
