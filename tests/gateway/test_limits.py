@@ -108,6 +108,20 @@ def test_headers_not_finished_in_time_get_408_and_the_connection_closes(
     assert engine.count() == 0
 
 
+def test_a_kept_alive_connection_whose_next_request_stalls_gets_408(
+    make_gateway: Callable[..., GatewayServer],
+) -> None:
+    gw = make_gateway(header_timeout_s=0.3)
+    with raw_connection(gw) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        time.sleep(0.5)  # past the header timeout, but idle between requests is keep-alive's
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")  # the second stalls
+        answer = read_all(sock)
+    first, _, rest = answer.partition(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b'"object": "model"}]}')
+    assert b"request headers not complete within 0.3 s" in rest
+
+
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
     make_gateway: Callable[..., GatewayServer],
 ) -> None:
