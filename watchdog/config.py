@@ -7,14 +7,17 @@ ConfigError into one line on stderr and exit status 78 (EX_CONFIG, sysexits.h).
 Precedence, lowest first: built-in defaults, the file, then environment variables
 `LLM_WATCHDOG__SECTION__KEY=value` (values parsed as TOML, falling back to a plain string),
 so a systemd drop-in can change one setting without editing the file.
-Secrets (API keys, tokens) come from a file or an environment variable named in the config,
-never from the command line.
+Secrets (API keys, tokens) come from a systemd credential, a file or an environment
+variable named in the config, never from the command line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
+import stat
 import sys
 import types
 import typing
@@ -25,7 +28,7 @@ from typing import Any
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
-from llm_watchdog.durations import parse_duration
+from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.errors import ConfigError
 from llm_watchdog.probe.client import CACHE_MODES, ProbeOptions
 from llm_watchdog.resources import package_file
@@ -66,7 +69,12 @@ class ServerSettings:
     engine: str = _choice("auto", "auto", "llamacpp", "vllm", "sglang", "tgi", "ollama", "other")
     api_key_file: str = ""
     api_key_env: str = ""
+    # A systemd credential (LoadCredential=NAME:FILE): read from $CREDENTIALS_DIRECTORY/NAME.
+    api_key_credential: str = ""
     launch_command: str = "auto"
+    # The engine's systemd unit (e.g. "vllm.service"): its ExecStart is the launch command
+    # where the listening process cannot be read (another user, /proc mounted hidepid).
+    engine_unit: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,7 @@ class ControlSettings:
     # The gateway's control token, from a file or an environment variable.
     token_file: str = ""
     token_env: str = "LLM_WATCHDOG_GATEWAY_TOKEN"
+    token_credential: str = ""
     target_p95_s: float = _duration("2s", minimum_s=0.001)
     # The law's own defaults (ControlConfig) are the config's: one value for each.
     floor: int = ControlConfig.floor
@@ -183,24 +192,64 @@ class Settings:
     # [alerts] has arrays of sink tables; llm_watchdog.alerts.config parses it (see there).
     alerts: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="(built-in defaults)", compare=False)
+    # One line each, for a person: what loaded but looks unwise (secrets in a readable file).
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def api_key(self) -> str | None:
-        """The server's API key from the file or variable the config names, if any."""
+        """The server's API key from the credential, file or variable the config names."""
+        s = self.server
         return read_secret(
-            self.server.api_key_file, self.server.api_key_env, self.source, "server.api_key"
+            s.api_key_file,
+            s.api_key_env,
+            self.source,
+            "server.api_key",
+            credential=s.api_key_credential,
         )
 
     def to_dict(self, *, mask_secrets: bool = True) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
-            if f.name == "source":
+            if f.name in ("source", "warnings"):
                 continue
             section = getattr(self, f.name)
             if isinstance(section, dict):
                 out[f.name] = _masked(section) if mask_secrets else section
                 continue
-            out[f.name] = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
+            values = {_file_key(k): v for k, v in dataclasses.asdict(section).items()}
+            out[f.name] = (
+                {k: _mask_url(v) if k.endswith("url") else v for k, v in values.items()}
+                if mask_secrets
+                else values
+            )
         return out
+
+    def to_toml(self, *, mask_secrets: bool = True) -> str:
+        """The settings as a config file that loads back to equal settings (secrets aside).
+
+        Durations are written in the shortest form that parses back to the same seconds
+        ("1.5s", not a rounded "2s"); other numbers as numbers.
+        """
+        lines: list[str] = []
+        for f in dataclasses.fields(self):
+            if f.name in ("source", "warnings"):
+                continue
+            section = getattr(self, f.name)
+            lines.append(f"[{f.name}]")
+            if isinstance(section, dict):
+                raw = _masked(section) if mask_secrets else section
+                lines.extend(f"{_toml_key(k)} = {toml_value(v)}" for k, v in raw.items())
+            else:
+                values = self.to_dict(mask_secrets=mask_secrets)[f.name]
+                durations = {
+                    _file_key(g.name)
+                    for g in dataclasses.fields(section)
+                    if g.metadata.get("duration")
+                }
+                for key, value in values.items():
+                    text = format_exact_duration(value) if key in durations else value
+                    lines.append(f"{key} = {toml_value(text)}")
+            lines.append("")
+        return "\n".join(lines)
 
     def control_config(self) -> ControlConfig:
         c = self.control
@@ -208,12 +257,11 @@ class Settings:
         return ControlConfig(target_p95_ms=c.target_p95_s * 1000.0, **shared)
 
     def control_token(self) -> str | None:
-        return (
-            read_secret(
-                self.control.token_file, self.control.token_env, self.source, "control.token"
-            )
-            if self.control.token_file or os.environ.get(self.control.token_env)
-            else None
+        c = self.control
+        if not (c.token_credential or c.token_file or os.environ.get(c.token_env)):
+            return None
+        return read_secret(
+            c.token_file, c.token_env, self.source, "control.token", credential=c.token_credential
         )
 
     def drift_config(self) -> DriftConfig:
@@ -241,17 +289,25 @@ _LAW_FIELDS = (
     "engine_slots",
 )
 
-_SECRET_WORDS = ("key", "token", "secret", "password", "url")
+_SECRET_WORDS = ("key", "token", "secret", "password", "url", "authorization")
+# Keys that name where a secret is, not the secret itself.
+_POINTER_SUFFIXES = ("_file", "_env", "_credential")
+CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
+
+
+def _secret_key(key: str) -> bool:
+    k = key.lower()
+    return any(w in k for w in _SECRET_WORDS) and not k.endswith(_POINTER_SUFFIXES)
 
 
 def _masked(value: Any) -> Any:
-    """Config values with secrets hidden: webhook URLs carry tokens too."""
+    """Config values with secrets hidden: webhook URLs and header values carry tokens too."""
     if isinstance(value, dict):
         return {
             k: "***"
-            if any(w in k.lower() for w in _SECRET_WORDS)
-            and isinstance(v, str)
-            and not k.endswith(("_file", "_env"))
+            if isinstance(v, str) and v and _secret_key(k)
+            else {h: "***" for h in v}
+            if k == "headers" and isinstance(v, dict)
             else _masked(v)
             for k, v in value.items()
         }
@@ -260,16 +316,63 @@ def _masked(value: Any) -> Any:
     return value
 
 
-def read_secret(file_path: str, env_name: str, source: str, what: str) -> str | None:
-    """A secret named by file or environment variable; a named one that is missing is an error."""
+def _mask_url(value: Any) -> Any:
+    """A URL with its password (user:password@host) hidden; anything else as it is."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    scheme, sep, rest = value.partition("://")
+    userinfo, at, host = rest.partition("@")
+    if not sep or not at or ":" not in userinfo or "/" in userinfo:
+        return value
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+def _inline_secrets(value: Any, prefix: str = "") -> list[str]:
+    """Keys holding a secret written into the file itself (not a _file/_env/_credential)."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            where = f"{prefix}.{k}" if prefix else str(k)
+            if k == "headers" and isinstance(v, dict) and v:
+                out.append(where)
+            elif isinstance(v, str) and v and _secret_key(str(k)):
+                # [server] url and [control] gateway_url are addresses, not secrets,
+                # unless they carry a password.
+                if str(k).endswith("url") and not prefix.startswith("alerts"):
+                    if _mask_url(v) == v:
+                        continue
+                out.append(where)
+            else:
+                out.extend(_inline_secrets(v, where))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.extend(_inline_secrets(v, f"{prefix}[{i}]"))
+    return out
+
+
+def read_secret(
+    file_path: str, env_name: str, source: str, what: str, *, credential: str = ""
+) -> str | None:
+    """A secret named by systemd credential, file or environment variable, in that order.
+
+    One that is named but cannot be read is a ConfigError (one line, exit 78): a service
+    that starts without the secret it was told to use would fail later and less clearly.
+    """
+    if credential:
+        return read_credential(credential, source, what)
     if file_path:
         try:
-            return Path(file_path).read_text().strip()
+            return Path(file_path).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 f"{source}: {what}_file: cannot read {file_path} ({exc.strerror}); "
-                "create it (mode 0600) or remove the key"
+                "create it (mode 0600) readable by the service, or hand it over with "
+                f"LoadCredential= and {what.split('.')[-1]}_credential"
             ) from exc
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"{source}: {what}_file: {file_path} is not UTF-8 text; write the secret as text"
+            ) from None
     if env_name:
         value = os.environ.get(env_name)
         if value is None:
@@ -281,6 +384,33 @@ def read_secret(file_path: str, env_name: str, source: str, what: str) -> str | 
     return None
 
 
+def read_credential(name: str, source: str, what: str) -> str:
+    """A systemd credential (LoadCredential=NAME:FILE) from $CREDENTIALS_DIRECTORY/NAME."""
+    key = f"{what}_credential"
+    if "/" in name or name in (".", ".."):
+        raise ConfigError(f"{source}: {key}: {name!r} is a credential name, not a path")
+    directory = os.environ.get(CREDENTIALS_ENV)
+    if not directory:
+        raise ConfigError(
+            f"{source}: {key} = {name!r} but ${CREDENTIALS_ENV} is not set: run under "
+            f"systemd with LoadCredential={name}:/etc/llm-watchdog/credentials/{name}, or use "
+            f"{what.split('.')[-1]}_file"
+        )
+    path = Path(directory) / name
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: {key}: cannot read credential {path} ({exc.strerror}); add "
+            f"LoadCredential={name}:FILE to the unit"
+        ) from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: {key}: credential {path} is not UTF-8 text") from None
+    if not value:
+        raise ConfigError(f"{source}: {key}: credential {path} is empty; write the secret")
+    return value
+
+
 # File keys drop the unit suffix of duration fields: `interval = "10s"` fills `interval_s`.
 def _file_key(attr: str) -> str:
     return attr[:-2] if attr.endswith("_s") else attr
@@ -289,7 +419,7 @@ def _file_key(attr: str) -> str:
 SECTIONS: dict[str, Any] = {
     f.name: typing.get_origin(h) or h
     for f in dataclasses.fields(Settings)
-    if f.name != "source"
+    if f.name not in ("source", "warnings")
     for h in [typing.get_type_hints(Settings)[f.name]]
 }
 
@@ -301,6 +431,8 @@ def _convert(value: Any, f: dataclasses.Field, hint: Any, where: str) -> Any:
             seconds = parse_duration(value)
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if not math.isfinite(seconds):
+            raise ConfigError(f"{where}: expected a finite duration like 10s or 5m, got {value!r}")
         if seconds < meta.get("min", 0.0):
             raise ConfigError(f"{where}: must be at least {meta['min']}s, got {value!r}")
         return seconds
@@ -345,6 +477,8 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: expected {_type_name(hint)}, got {value!r}")
     return value
@@ -440,15 +574,24 @@ def load_settings(
     path, named = resolve_path(cli_path, env)
     data: dict[str, Any] = {}
     source = str(path)
+    warnings: list[str] = []
     if path.exists():
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
+            data = tomllib.loads(raw.decode("utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(
                 f"{path}: not valid TOML: {exc}; check quoting and brackets"
             ) from None
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise ConfigError(
+                f"{path}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+                "save the file as UTF-8"
+            ) from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        warnings.extend(_readable_secrets(path, data))
     elif named:
         raise ConfigError(
             f"{path}: no such file; write one with `llm-watchdog check-config --example > {path}`"
@@ -459,7 +602,61 @@ def load_settings(
         if not isinstance(data.get(sec, {}), dict):
             raise ConfigError(f"{source}: {sec}: expected a table")
         data.setdefault(sec, {}).update(values)
-    return settings_from_dict(data, source)
+    settings = settings_from_dict(data, source)
+    return dataclasses.replace(settings, warnings=tuple(warnings)) if warnings else settings
+
+
+def _readable_secrets(path: Path, data: dict[str, Any]) -> list[str]:
+    """A warning when a file others can read holds a secret itself."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return []
+    if not mode & stat.S_IROTH:
+        return []
+    keys = _inline_secrets(data)
+    if not keys:
+        return []
+    return [
+        f"{path}: holds secrets ({', '.join(keys)}) and is readable by every user "
+        f"(mode {stat.S_IMODE(mode):04o}): `chmod 600 {path}`, or move them to "
+        "LoadCredential= files named by *_credential keys"
+    ]
+
+
+def format_exact_duration(seconds: float) -> str:
+    """A duration in config style that parses back to exactly `seconds`."""
+    text = format_duration(seconds)
+    if parse_duration(text) == seconds:
+        return text
+    for unit, size in (("s", 1.0), ("ms", 0.001)):
+        candidate = f"{seconds / size!r}{unit}".replace(".0" + unit, unit)
+        try:
+            if parse_duration(candidate) == seconds:
+                return candidate
+        except ValueError:
+            continue
+    return repr(seconds)  # a bare number is seconds
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value: strings quoted, tables inline, arrays of either."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{_toml_key(str(k))} = {toml_value(v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    return json.dumps(str(value))
 
 
 def example_config() -> str:

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
+from llm_watchdog.alerts import AlertConfigError, load_alerts
 from llm_watchdog.cli.group import (
     ConfigFail,
     Fail,
-    api_key_or_fail,
     cli,
     open_store,
     settings_from,
 )
-from llm_watchdog.config import example_config
+from llm_watchdog.config import Settings, example_config, load_settings
 from llm_watchdog.daemon.install import apply, plan_install
+from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.daemon.service import Daemon, build_alerts
-from llm_watchdog.durations import format_duration
 from llm_watchdog.errors import EXIT_STARTUP_FAILED, ConfigError
 from llm_watchdog.logs import setup_logging
-from llm_watchdog.probe.sets import ProbeSetError
+from llm_watchdog.probe.sets import load_probe_set
+
+log = logging.getLogger("llm_watchdog.cli.service")
 
 # ---- check-config ---------------------------------------------------------------------------
 
@@ -39,25 +42,21 @@ def check_config(ctx: click.Context, example: bool, as_json: bool) -> None:
         click.echo(example_config(), nl=False)
         return
     settings = settings_from(ctx)
-    settings.api_key()  # a named secret that cannot be read is a config error too
-    data = settings.to_dict()
+    try:
+        # A named secret that cannot be read is a config error too (never printed).
+        settings.api_key()
+        settings.control_token()
+    except ConfigError as exc:
+        raise ConfigFail(str(exc)) from None
+    for warning in settings.warnings:
+        click.echo(f"llm-watchdog: warning: {warning}", err=True)
     if as_json:
+        data = settings.to_dict()
         click.echo(json.dumps({"source": settings.source, "settings": data}, indent=2))
         return
+    # Exactly what was loaded: this text, saved as a config file, loads to equal settings.
     click.echo(f"# effective settings from {settings.source}")
-    for section, values in data.items():
-        click.echo(f"\n[{section}]")
-        for key, value in values.items():
-            click.echo(f"{key} = {_toml_value(key, value)}")
-
-
-def _toml_value(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and key not in ("seed",):
-        return json.dumps(format_duration(value))
-    return json.dumps(value)
-
+    click.echo(settings.to_toml(), nl=False)
 
 
 # ---- run ------------------------------------------------------------------------------------
@@ -66,13 +65,65 @@ def _toml_value(key: str, value: Any) -> str:
 @cli.command()
 @click.pass_context
 def run(ctx: click.Context) -> None:
-    """Run the watchdog daemon in the foreground (what the systemd unit starts)."""
+    """Run the watchdog daemon in the foreground (what the systemd unit starts).
 
-
+    SIGHUP re-reads the config: a bad one is refused with one line in the log and the
+    running one kept; a good one restarts the jobs with it.
+    """
     settings = settings_from(ctx)
     setup_logging(settings.logging.level, settings.logging.format)
-    api_key_or_fail(settings)
-    Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
+    for warning in settings.warnings:
+        log.warning("%s", warning)
+    notifier = Notifier()
+    config_path = ctx.ensure_object(dict).get("config_path")
+    current: Settings | None = settings
+    try:
+        while current is not None:
+            current = _run_once(current, notifier, lambda: _reload(config_path))
+    finally:
+        notifier.close()
+
+
+def _reload(config_path: str | None) -> Settings | None:
+    """The new settings if the config loads and every secret and probe set it names reads."""
+    try:
+        settings = load_settings(config_path)
+        validate_for_start(settings)
+    except ConfigError as exc:
+        log.error("config reload refused, keeping the running config: %s", exc)
+        return None
+    log.info("config reloaded from %s", settings.source)
+    for warning in settings.warnings:
+        log.warning("%s", warning)
+    return settings
+
+
+def validate_for_start(settings: Settings) -> None:
+    """What the daemon reads at start, read now: a ConfigError here is exit 78, not later."""
+    settings.api_key()
+    settings.control_token()
+    load_probe_set(settings.probe.probe_set)
+    try:
+        load_alerts(settings.alerts, env=os.environ)
+    except AlertConfigError as exc:
+        raise ConfigError(f"{settings.source}: {exc}") from None
+
+
+def _run_once(
+    settings: Settings, notifier: Notifier, reload: Callable[[], Settings | None]
+) -> Settings | None:
+    """One daemon from start to stop; the settings to start over with after a reload."""
+    try:
+        validate_for_start(settings)
+    except ConfigError as exc:
+        raise ConfigFail(str(exc)) from None
+    try:
+        Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigFail(
+            f"{settings.source}: storage.path: cannot create {Path(settings.storage.path).parent} "
+            f"({exc.strerror}); point it at a writable folder"
+        ) from None
     store = open_store(settings, must_exist=False)
     try:
         alert_manager = build_alerts(settings, store)
@@ -80,27 +131,33 @@ def run(ctx: click.Context) -> None:
         store.close()
         raise ConfigFail(str(exc)) from None
     try:
-        daemon = Daemon(settings, store, alerts=alert_manager)
-    except ProbeSetError as exc:
+        daemon = Daemon(settings, store, alerts=alert_manager, notifier=notifier)
+    except ConfigError as exc:
         alert_manager.close(timeout_s=1.0)
         store.close()
         raise ConfigFail(str(exc)) from None
     daemon.install_signal_handlers()
     try:
         daemon.startup()
+    except ConfigError as exc:
+        daemon.shutdown(timeout_s=1.0)
+        alert_manager.close(timeout_s=1.0)
+        store.close()
+        raise ConfigFail(str(exc)) from None
     except Exception as exc:
         click.echo(f"llm-watchdog: start-up failed: {exc}", err=True)
         daemon.shutdown(timeout_s=1.0)
         alert_manager.close(timeout_s=1.0)
         store.close()
         sys.exit(EXIT_STARTUP_FAILED)
+    new: Settings | None = None
     try:
-        daemon.serve()
+        new = daemon.serve(reload=reload)
     finally:
-        clean = daemon.shutdown(timeout_s=5.0)
+        clean = daemon.shutdown(timeout_s=5.0, stopping=new is None)
         alert_manager.close(timeout_s=3.0)
         store.close()
-        if not clean:
+        if not clean and new is None:
             click.echo(
                 "llm-watchdog: a job was still running at shutdown; stopped anyway", err=True
             )
@@ -108,7 +165,7 @@ def run(ctx: click.Context) -> None:
             # threads) until its own timeout; the store is closed, so nothing is lost.
             sys.stderr.flush()
             os._exit(0)
-
+    return new
 
 
 # ---- install --------------------------------------------------------------------------------

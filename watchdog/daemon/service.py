@@ -32,6 +32,7 @@ from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_al
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge
+from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.drift import classify_cold
 from llm_watchdog.errors import ConfigError
@@ -96,6 +97,7 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         on_probe: Callable[[ProbeResult, GpuSample | None], None] | None = None,
         alerts: Any | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -133,6 +135,16 @@ class Daemon:
         self._busy = 0
         self._busy_cv = threading.Condition()
         self.scheduler: BackgroundScheduler | None = None
+        # systemd: READY after the first probe, WATCHDOG=1 only while probes keep finishing.
+        # A probe job is due every interval (+ jitter) and bounded by total_timeout; two
+        # intervals without one finishing means the loop is stuck.
+        self.notifier = notifier if notifier is not None else Notifier()
+        p = settings.probe
+        self.heartbeat = Heartbeat(
+            self.notifier, stale_s=2 * p.interval_s + p.jitter_s + p.total_timeout_s
+        )
+        self.first_probe = threading.Event()
+        self.reload_requested = threading.Event()
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -319,6 +331,10 @@ class Daemon:
                 with self._busy_cv:
                     self._busy -= 1
                     self._busy_cv.notify_all()
+                if name == "probe":
+                    self.heartbeat.beat()
+                    self.first_probe.set()
+                    self.notifier.status(self.status_line())
 
         return run
 
@@ -389,6 +405,16 @@ class Daemon:
             "database": self.settings.storage.path,
         }
 
+    def status_line(self) -> str:
+        """One line for systemd's STATUS= (systemctl status shows it)."""
+        r = self.last_result
+        where = f"watching {self.settings.server.url}"
+        if r is None:
+            return f"{where}; no probe yet"
+        if r.ok and r.ttft_ms is not None:
+            return f"{where}; last probe ok, TTFT {r.ttft_ms:.0f} ms"
+        return f"{where}; last probe failed ({r.error_class or 'error'})"
+
     def start_api(self) -> None:
         listen = self.settings.api.listen
         if not listen:
@@ -403,10 +429,20 @@ class Daemon:
         def handle(signum: int, frame: object) -> None:
             self.should_exit.set()
 
+        def reload(signum: int, frame: object) -> None:
+            self.reload_requested.set()
+
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+        # SIGHUP's default kills the process (exit 129, which systemd counts as clean).
+        signal.signal(signal.SIGHUP, reload)
 
-    def serve(self) -> None:
+    def serve(self, reload: Callable[[], Settings | None] | None = None) -> Settings | None:
+        """Run the jobs until asked to stop (None) or a SIGHUP brings a config `reload()`
+        accepts (the new settings, for the caller to start over with).
+
+        `reload()` returns None when it refused the new config; the daemon keeps running.
+        """
         self.start_api()
         self.start_jobs()
         log.info(
@@ -418,11 +454,36 @@ class Daemon:
             self.settings.probe.interval_s,
             self.settings.storage.path,
         )
-        while not self.should_exit.wait(0.5):
-            pass
+        self.heartbeat.start()
+        p = self.settings.probe
+        deadline = time.monotonic() + 2 * p.interval_s + p.jitter_s + p.total_timeout_s
+        while not (self.first_probe.is_set() or self.should_exit.is_set()):
+            if time.monotonic() > deadline:
+                break
+            self.first_probe.wait(0.2)
+        self.notifier.ready(self.status_line())
+        while not self.should_exit.wait(0.2):
+            if not self.reload_requested.is_set():
+                continue
+            self.reload_requested.clear()
+            if reload is None:
+                log.info("SIGHUP: nothing to reload")
+                continue
+            self.notifier.reloading()
+            new = reload()
+            if new is not None:
+                return new
+            self.notifier.ready(self.status_line())
+        return None
 
-    def shutdown(self, timeout_s: float = 5.0) -> bool:
-        """Stop the jobs; wait at most `timeout_s` for running ones. True if all finished."""
+    def shutdown(self, timeout_s: float = 5.0, *, stopping: bool = True) -> bool:
+        """Stop the jobs; wait at most `timeout_s` for running ones. True if all finished.
+
+        `stopping=False` (a reload) leaves systemd's state as it is.
+        """
+        if stopping:
+            self.notifier.stopping()
+        self.heartbeat.stop()
         self.should_exit.set()
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)

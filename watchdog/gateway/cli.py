@@ -1,19 +1,24 @@
 """`llm-watchdog gateway`: run the gateway in the foreground until SIGTERM or SIGINT.
 
 Every option can also come from the environment (LLM_WATCHDOG_GATEWAY_<OPTION>). Secrets
-never come from the command line: the control token from --token-file or
-LLM_WATCHDOG_GATEWAY_TOKEN, API keys for the class map from --key-classes-file.
+never come from the command line: the control token from --token-credential (a systemd
+credential in $CREDENTIALS_DIRECTORY), --token-file or LLM_WATCHDOG_GATEWAY_TOKEN, API keys
+for the class map from --key-classes-file. SIGHUP re-reads the token and the key classes.
 Exit codes: 0 stopped by a signal, 1 cannot listen, 2 bad option, 78 unreadable secret file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE
 from llm_watchdog.gateway.config import (
@@ -72,6 +77,41 @@ def read_key_classes(path: str) -> dict[str, str]:
             )
         out[key] = cls
     return out
+
+
+def read_credential(name: str, environ: dict[str, str] | None = None) -> str:
+    """A systemd credential (LoadCredential=NAME:FILE), from $CREDENTIALS_DIRECTORY/NAME."""
+    env = os.environ if environ is None else environ
+    if "/" in name or name in (".", ".."):
+        raise ValueError(f"--token-credential takes a credential name, not a path: {name!r}")
+    directory = env.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        raise ValueError(
+            f"--token-credential {name}: $CREDENTIALS_DIRECTORY is not set: run under systemd "
+            f"with LoadCredential={name}:/etc/llm-watchdog/credentials/{name}, or use --token-file"
+        )
+    path = Path(directory) / name
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read credential {path} ({exc.strerror}): add LoadCredential={name}:FILE "
+            "to the unit"
+        ) from exc
+    except UnicodeDecodeError:
+        raise ValueError(f"credential {path} is not UTF-8 text") from None
+    if not token:
+        raise ValueError(f"credential {path} is empty: write the token into its file")
+    return token
+
+
+def read_secrets(
+    token_credential: str | None, token_file: str | None, key_classes_file: str | None
+) -> tuple[str | None, dict[str, str]]:
+    """The control token and the key-class map; ValueError with one line if unreadable."""
+    token = read_credential(token_credential) if token_credential else read_token(token_file)
+    key_classes = read_key_classes(key_classes_file) if key_classes_file else {}
+    return token, key_classes
 
 
 def _priorities(values: tuple[str, ...]) -> dict[str, int]:
@@ -172,6 +212,12 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     help="Largest request body in bytes (then 413).",
 )
 @click.option("--token-file", default=None, help=f"Control token file (else ${TOKEN_ENV}).")
+@click.option(
+    "--token-credential",
+    default=None,
+    metavar="NAME",
+    help="Control token from the systemd credential NAME (LoadCredential=NAME:FILE).",
+)
 @click.option("--key-classes-file", default=None, help="Lines `API_KEY = CLASS`.")
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
@@ -196,6 +242,7 @@ def gateway(
     max_connections: int,
     max_body: int,
     token_file: str | None,
+    token_credential: str | None,
     key_classes_file: str | None,
     log_level: str,
 ) -> None:
@@ -205,8 +252,7 @@ def gateway(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
     try:
-        token = read_token(token_file)
-        key_classes = read_key_classes(key_classes_file) if key_classes_file else {}
+        token, key_classes = read_secrets(token_credential, token_file, key_classes_file)
     except ValueError as exc:
         raise _ConfigFail(str(exc)) from None
     try:
@@ -236,15 +282,36 @@ def gateway(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(log_level)
-    raise SystemExit(run(config))
+
+    def reload(current: GatewayConfig) -> GatewayConfig | None:
+        try:
+            new_token, new_classes = read_secrets(token_credential, token_file, key_classes_file)
+            new = dataclasses.replace(current, control_token=new_token, key_classes=new_classes)
+        except ValueError as exc:
+            log.error("reload refused, keeping the running token and key classes: %s", exc)
+            return None
+        log.info(
+            "reloaded: control token %s, %d API keys mapped to classes",
+            "set" if new_token else "not set",
+            len(new_classes),
+        )
+        return new
+
+    raise SystemExit(run(config, reload=reload))
 
 
-def run(config: GatewayConfig) -> int:
+def run(
+    config: GatewayConfig,
+    reload: Callable[[GatewayConfig], GatewayConfig | None] | None = None,
+) -> int:
     """Serve `config` in the foreground; the exit code (0 after SIGTERM/SIGINT, 1 no bind)."""
+    notifier = Notifier()
     try:
-        serve(config, on_listening=_announce)
+        serve(config, on_listening=_announce, notifier=notifier, reload=reload)
     except ListenError as exc:
         raise _Fail(str(exc)) from None
+    finally:
+        notifier.close()
     return 0
 
 

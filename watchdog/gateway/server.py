@@ -21,9 +21,14 @@ from typing import Any
 
 import uvicorn
 
+from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.gateway.app import Gateway, create_app
 from llm_watchdog.gateway.config import GatewayConfig
 from llm_watchdog.gateway.protocol import protocol_for
+
+# The event loop ticks every 0.1 s (uvicorn's main loop); this long without a tick means it
+# is stuck, and systemd's watchdog stops hearing from the gateway.
+LOOP_STALE_S = 5.0
 
 
 class ListenError(OSError):
@@ -77,16 +82,62 @@ def url_for(host: str, port: int) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the caller once it accepts connections."""
+    """uvicorn's server, telling the caller once it accepts connections.
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+    With a notifier (the foreground service): READY=1 once listening, WATCHDOG=1 while the
+    event loop ticks, STOPPING=1 on shutdown; SIGHUP calls `on_reload` from the loop.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[], None] | None,
+        *,
+        notifier: Notifier | None = None,
+        on_reload: Callable[[], str | None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._notifier = notifier
+        self._on_reload = on_reload
+        self._heartbeat = (
+            Heartbeat(notifier, stale_s=LOOP_STALE_S) if notifier is not None else None
+        )
+        self.reload_requested = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started and self._on_started is not None:
             self._on_started()
+        if self.started and self._notifier is not None and self._heartbeat is not None:
+            self._heartbeat.beat()
+            self._heartbeat.start()
+            self._notifier.ready(self._status())
+
+    def _status(self) -> str:
+        sock = self.servers[0].sockets[0] if self.servers and self.servers[0].sockets else None
+        where = f" on port {sock.getsockname()[1]}" if sock is not None else ""
+        return f"listening{where}"
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._heartbeat is not None:
+            self._heartbeat.beat()
+        if self.reload_requested:
+            self.reload_requested = False
+            if self._on_reload is not None:
+                if self._notifier is not None:
+                    self._notifier.reloading()
+                self._on_reload()
+                if self._notifier is not None:
+                    self._notifier.ready(self._status())
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._notifier is not None:
+            self._notifier.stopping()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        await super().shutdown(sockets=sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -97,6 +148,9 @@ class _Server(uvicorn.Server):
             return
         wanted = (signal.SIGINT, signal.SIGTERM)
         original = {sig: signal.signal(sig, self.handle_exit) for sig in wanted}
+        # SIGHUP's default kills the process (exit 129, which systemd counts as clean):
+        # here it asks the loop to re-read what can change without a restart.
+        original[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._handle_hup)
         try:
             yield
         finally:
@@ -104,22 +158,43 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+    def _handle_hup(self, signum: int, frame: object) -> None:
+        self.reload_requested = True
+
+
 def serve(
     config: GatewayConfig,
     on_listening: Callable[[str, GatewayConfig], None] | None = None,
+    *,
+    notifier: Notifier | None = None,
+    reload: Callable[[GatewayConfig], GatewayConfig | None] | None = None,
 ) -> None:
     """Run in the foreground until SIGTERM or SIGINT; raises ListenError if it cannot bind.
 
     `on_listening(url, config)` is called once connections are accepted (port 0 resolved).
+    On SIGHUP, `reload(current)` returns the config to serve from now on, or None to keep
+    the current one (it logs why).
     """
     sock = bind_socket(config.listen_host, config.listen_port)
     url = url_for(config.listen_host, sock.getsockname()[1])
+    app = create_app(config)
+    gateway: Gateway = app.state.gateway
 
     def started() -> None:
         if on_listening is not None:
             on_listening(url, config)
 
-    server = _Server(_uvicorn_config(create_app(config), config), started)
+    def reloaded() -> str | None:
+        if reload is None:
+            return None
+        new = reload(gateway.config)
+        if new is not None:
+            gateway.config = new
+        return None
+
+    server = _Server(
+        _uvicorn_config(app, config), started, notifier=notifier, on_reload=reloaded
+    )
     try:
         server.run(sockets=[sock])
     finally:
