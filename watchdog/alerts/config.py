@@ -97,8 +97,8 @@ _ALERT_KEYS = {
 _COMMON_SINK_KEYS = {"type", "name", "min_severity", "kinds"}
 _SINK_KEYS = {
     "webhook": _COMMON_SINK_KEYS
-    | {"url", "url_file", "url_env", "shape", "timeout", "blocks", "headers", "headers_file",
-       "headers_env"},
+    | {"url", "url_file", "url_env", "url_credential", "shape", "timeout", "blocks", "headers",
+       "headers_file", "headers_env"},
     "command": _COMMON_SINK_KEYS | {"argv", "timeout"},
     "log": _COMMON_SINK_KEYS | {"logger"},
 }  # fmt: skip
@@ -240,10 +240,11 @@ def _sink(
 
 
 def _secret_url(entry: Mapping[str, Any], where: str, env: Mapping[str, str]) -> str:
-    given = [k for k in ("url", "url_file", "url_env") if k in entry]
+    given = [k for k in ("url", "url_file", "url_env", "url_credential") if k in entry]
     if len(given) != 1:
         raise AlertConfigError(
-            where, "give the webhook URL as exactly one of url, url_file or url_env"
+            where,
+            "give the webhook URL as exactly one of url, url_file, url_env or url_credential",
         )
     key = given[0]
     value = _secret(entry[key], f"{where}.{key}", env, kind=key.removeprefix("url").lstrip("_"))
@@ -271,6 +272,16 @@ def _secret(value: Any, key: str, env: Mapping[str, str], *, kind: str) -> str:
         if not text:
             raise AlertConfigError(key, f"{value} is empty: put the secret in it")
         return text
+    if kind == "credential":
+        # A systemd credential (LoadCredential=NAME:FILE), handed over in this folder.
+        folder = env.get("CREDENTIALS_DIRECTORY", "")
+        if not folder or "/" in value:
+            raise AlertConfigError(
+                key,
+                f"credential {value!r} needs $CREDENTIALS_DIRECTORY: run under systemd with "
+                f"LoadCredential={value}:FILE in the unit, or use url_file",
+            )
+        return _secret(str(Path(folder) / value), key, env, kind="file")
     if kind == "env":
         text = env.get(value, "").strip()
         if not text:

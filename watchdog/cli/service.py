@@ -20,7 +20,7 @@ from llm_watchdog.cli.group import (
     settings_from,
 )
 from llm_watchdog.config import Settings, example_config, load_settings
-from llm_watchdog.daemon.install import apply, plan_install
+from llm_watchdog.daemon.install import apply, apply_uninstall, plan_install, plan_uninstall
 from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.daemon.service import Daemon, build_alerts
 from llm_watchdog.errors import EXIT_STARTUP_FAILED, ConfigError
@@ -200,6 +200,8 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
         click.echo(f"# {plan.unit_path}\n{plan.unit_text}")
         for path, text in plan.units.items():
             click.echo(f"# {path}\n{text}")
+        for path in plan.secrets:
+            click.echo(f"# {path}: a new random secret (mode 0600), if absent")
         if plan.write_config:
             click.echo(
                 f"# {plan.config_path}: the example config (llm-watchdog check-config --example)"
@@ -216,3 +218,42 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
         raise Fail(str(exc)) from None
     except Exception as exc:  # subprocess.CalledProcessError from systemctl
         raise Fail(f"{exc}; see `journalctl -u llm-watchdog` for why") from None
+
+
+# ---- uninstall ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--user", "user_unit", is_flag=True, help="Remove the systemd user units instead.")
+@click.option(
+    "--purge",
+    is_flag=True,
+    help="Also remove the config, the credentials and the database.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be removed and run.")
+@click.option(
+    "--root",
+    default="/",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Remove from under another root (packaging, tests); systemctl is not run.",
+)
+def uninstall(user_unit: bool, purge: bool, dry_run: bool, root: str) -> None:
+    """Stop and disable the services and remove their units (--purge: config and data too)."""
+    rooted = Path(root).resolve() != Path("/")
+    plan = plan_uninstall(Path(root), user=user_unit, purge=purge, stop=not rooted)
+    if dry_run:
+        for cmd in plan.commands:
+            click.echo("$ " + " ".join(cmd))
+        for path in plan.remove:
+            click.echo(f"remove {path}" + ("" if path.exists() else " (absent)"))
+        return
+    try:
+        for line in apply_uninstall(plan, run_systemctl=not rooted):
+            click.echo(line)
+    except PermissionError as exc:
+        raise Fail(f"cannot remove {exc.filename}: run as root (sudo), or use --user") from None
+    except OSError as exc:
+        raise Fail(str(exc)) from None
+    if not purge:
+        click.echo("kept the config, credentials and database (--purge removes them)")

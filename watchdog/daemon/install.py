@@ -1,11 +1,17 @@
-"""`llm-watchdog install`: the systemd unit, a config to start from, and the service enabled.
+"""`llm-watchdog install` and `uninstall`: the systemd units, a config, credentials.
 
-The unit shipped in `systemd/` is the template; ExecStart is rewritten to the interpreter
+The units shipped in `systemd/` are the templates; ExecStart is rewritten to the interpreter
 that runs this install, so a virtual environment keeps working under systemd.
+
+Secrets go where systemd hands them over: a root-only file under
+/etc/llm-watchdog/credentials/, named by a `LoadCredential=NAME:FILE` line in each unit that
+needs it. systemd reads the file as root and gives the service (a DynamicUser= uid that could
+never read a root file) its own copy in $CREDENTIALS_DIRECTORY/NAME.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shlex
 import shutil
@@ -28,9 +34,24 @@ LLM_WATCHDOG_GATEWAY_BATCH_CEILING=64
 LLM_WATCHDOG_GATEWAY_MAX_QUEUE_WAIT=30s
 # Batch requests let in per second after a raise (0: all at once).
 LLM_WATCHDOG_GATEWAY_BATCH_RAMP=0.5
-# The control token (the watchdog's [control] token_file names the same file):
-LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token
+# The control token is the systemd credential "control-token" (LoadCredential= in the
+# unit); the watchdog's [control] token_credential names the same one.
+LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token
 """
+TOKEN_CREDENTIAL = "control-token"
+# Lines a user unit cannot use: it runs as its owner, who needs their home, and a user
+# manager cannot change devices, groups or capabilities.
+_SYSTEM_ONLY = {
+    "DynamicUser",
+    "SupplementaryGroups",
+    "ProtectHome",
+    "DevicePolicy",
+    "DeviceAllow",
+    "PrivateDevices",
+    "PrivateUsers",
+    "CapabilityBoundingSet",
+    "AmbientCapabilities",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,9 @@ class InstallPlan:
     # More units (always written) and files (written only when absent), e.g. the gateway's.
     units: dict[Path, str] = field(default_factory=dict)
     files: dict[Path, str] = field(default_factory=dict)
+    # Secrets: written only when absent, mode 0600 in a 0700 folder.
+    secrets: dict[Path, str] = field(default_factory=dict)
+    config_text: str = ""
 
 
 def unit_template(name: str = UNIT_NAME) -> str:
@@ -50,20 +74,32 @@ def unit_template(name: str = UNIT_NAME) -> str:
 
 
 def render_unit(
-    template: str, python: str, config_path: Path, user: bool, argv: list[str] | None = None
+    template: str,
+    python: str,
+    config_path: Path,
+    user: bool,
+    argv: list[str] | None = None,
+    credentials: dict[str, Path] | None = None,
 ) -> str:
+    """The unit text: ExecStart on `python`, a LoadCredential= line per credential."""
     argv = argv or ["--config", str(config_path), "run"]
     exec_start = shlex.join([python, "-m", "llm_watchdog", *argv])
     lines = []
     for line in template.splitlines():
         if line.startswith("ExecStart="):
             line = f"ExecStart={exec_start}"
-        if user and line.split("=")[0] in {"DynamicUser", "SupplementaryGroups", "ProtectHome"}:
-            continue  # a user unit runs as its owner and needs to read its home
+            for name, path in (credentials or {}).items():
+                lines.append(f"LoadCredential={name}:{path}")
+        if user and line.split("=")[0] in _SYSTEM_ONLY:
+            continue
         if user and line.startswith("WantedBy="):
             line = "WantedBy=default.target"
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def credentials_dir(config_path: Path) -> Path:
+    return config_path.parent / "credentials"
 
 
 def plan_install(
@@ -86,24 +122,38 @@ def plan_install(
     commands = [systemctl + ["daemon-reload"]]
     units: dict[Path, str] = {}
     files: dict[Path, str] = {}
+    secret_files: dict[Path, str] = {}
+    credentials: dict[str, Path] = {}
     if gateway:
+        token_path = credentials_dir(config_path) / TOKEN_CREDENTIAL
+        credentials[TOKEN_CREDENTIAL] = token_path
         units[unit_dir / GATEWAY_UNIT] = render_unit(
-            unit_template(GATEWAY_UNIT), python, config_path, user, ["gateway"]
+            unit_template(GATEWAY_UNIT), python, config_path, user, ["gateway"], credentials
         ).replace("/etc/llm-watchdog/gateway.env", str(config_path.parent / "gateway.env"))
         files[real_config.parent / "gateway.env"] = GATEWAY_ENV
-        files[real_config.parent / "control-token"] = secrets.token_hex(16) + "\n"
+        secret_files[root / token_path.relative_to("/")] = secrets.token_hex(16) + "\n"
     if start:
         names = [GATEWAY_UNIT, UNIT_NAME] if gateway else [UNIT_NAME]
         commands.append(systemctl + ["enable", "--now", *names])
     return InstallPlan(
         unit_path=unit_dir / UNIT_NAME,
-        unit_text=render_unit(unit_template(), python, config_path, user),
+        unit_text=render_unit(unit_template(), python, config_path, user, None, credentials),
         config_path=real_config,
         write_config=not real_config.exists(),
         commands=commands,
         units=units,
         files=files,
+        secrets=secret_files,
+        config_text=_config_for(credentials),
     )
+
+
+def _config_for(credentials: dict[str, Path]) -> str:
+    """The example config, naming the credentials the units hand over."""
+    text = example_config()
+    if TOKEN_CREDENTIAL in credentials:
+        text = text.replace('token_credential = ""', f'token_credential = "{TOKEN_CREDENTIAL}"', 1)
+    return text
 
 
 def apply(plan: InstallPlan, run_systemctl: bool = True) -> list[str]:
@@ -121,11 +171,22 @@ def apply(plan: InstallPlan, run_systemctl: bool = True) -> list[str]:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        path.chmod(0o600 if "token" in path.name else 0o644)
+        path.chmod(0o644)
         done.append(f"wrote {path}")
+    for path, text in plan.secrets.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        if path.exists():
+            done.append(f"kept existing {path}")
+            continue
+        # Created 0600 before anything is written: the secret is never readable by others.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        done.append(f"wrote {path} (mode 0600; handed to the services by LoadCredential=)")
     if plan.write_config:
         plan.config_path.parent.mkdir(parents=True, exist_ok=True)
-        plan.config_path.write_text(example_config(), encoding="utf-8")
+        plan.config_path.write_text(plan.config_text or example_config(), encoding="utf-8")
         done.append(f"wrote {plan.config_path} (edit [server] url, then restart the service)")
     else:
         done.append(f"kept existing {plan.config_path}")
@@ -138,4 +199,63 @@ def apply(plan: InstallPlan, run_systemctl: bool = True) -> list[str]:
         for cmd in plan.commands:
             subprocess.run(cmd, check=True)
             done.append("ran " + shlex.join(cmd))
+    return done
+
+
+@dataclass(frozen=True)
+class UninstallPlan:
+    commands: list[list[str]]  # run first, failures reported and ignored
+    remove: list[Path]  # unit files, and with --purge config, credentials and state
+
+
+def plan_uninstall(
+    root: Path = Path("/"),
+    user: bool = False,
+    home: Path | None = None,
+    purge: bool = False,
+    stop: bool = True,
+) -> UninstallPlan:
+    """Stop and disable both units, remove their files; `purge` removes config and data too."""
+    names = [UNIT_NAME, GATEWAY_UNIT]
+    if user:
+        home = home or Path.home()
+        base = root / home.relative_to("/")
+        unit_dir = base / ".config/systemd/user"
+        data = [base / ".config/llm-watchdog", base / ".local/state/llm-watchdog"]
+        systemctl = ["systemctl", "--user"]
+    else:
+        unit_dir = root / "etc/systemd/system"
+        # DynamicUser= keeps the state in /var/lib/private and links /var/lib to it.
+        data = [
+            root / "etc/llm-watchdog",
+            root / "var/lib/llm-watchdog",
+            root / "var/lib/private/llm-watchdog",
+        ]
+        systemctl = ["systemctl"]
+    commands = (
+        [systemctl + ["disable", "--now", *names], systemctl + ["daemon-reload"]] if stop else []
+    )
+    remove = [unit_dir / n for n in names] + (data if purge else [])
+    return UninstallPlan(commands=commands, remove=remove)
+
+
+def apply_uninstall(plan: UninstallPlan, run_systemctl: bool = True) -> list[str]:
+    done = []
+    if run_systemctl and plan.commands and shutil.which("systemctl") is not None:
+        result = subprocess.run(plan.commands[0], check=False, capture_output=True, text=True)
+        done.append(
+            "ran " + shlex.join(plan.commands[0])
+            if result.returncode == 0
+            else f"{shlex.join(plan.commands[0])}: {result.stderr.strip() or 'failed'} (ignored)"
+        )
+    for path in plan.remove:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+            done.append(f"removed {path}")
+        elif path.is_dir():
+            shutil.rmtree(path)
+            done.append(f"removed {path}/")
+    if run_systemctl and len(plan.commands) > 1 and shutil.which("systemctl") is not None:
+        subprocess.run(plan.commands[1], check=False)
+        done.append("ran " + shlex.join(plan.commands[1]))
     return done

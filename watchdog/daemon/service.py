@@ -39,9 +39,15 @@ from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import ProbeOptions, Prober
-from llm_watchdog.probe.engine import EngineInfo, detect_engine, engine_slots, resolve_model
+from llm_watchdog.probe.engine import (
+    EngineInfo,
+    api_root,
+    detect_engine,
+    engine_slots,
+    resolve_model,
+)
 from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
-from llm_watchdog.probe.procinfo import listening_process_cmdline
+from llm_watchdog.probe.procinfo import launch_command
 from llm_watchdog.probe.sets import ProbeSet, load_probe_set
 from llm_watchdog.store.db import Store
 
@@ -192,29 +198,56 @@ class Daemon:
                 self.prober.model = self.model
         self._record_fingerprint()
 
-    def _launch_command(self) -> str | list[str] | None:
-        configured = self.settings.server.launch_command
-        if configured != "auto":
-            return configured
-        port = server_port(self.settings.server.url)
-        host = urlsplit(self.settings.server.url).hostname or ""
-        if port is None or host not in ("127.0.0.1", "localhost", "::1"):
+    def _launch_command(self) -> tuple[str | list[str] | None, str]:
+        """The engine's command line and where it was read (the fingerprint's
+        launch_command_source): the config, the gateway in front of the engine, the
+        listening process, the engine's systemd unit, or why it could not be read."""
+        s = self.settings.server
+        if s.launch_command != "auto":
+            return s.launch_command, "config"
+        ident = self._gateway_identity()
+        if ident is not None:
+            command = ident.get("launch_command")
+            source = ident.get("launch_command_source") or "unknown"
+            return (command if isinstance(command, str) else None), f"gateway: {source}"
+        port = server_port(s.url)
+        host = urlsplit(s.url).hostname or ""
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            if s.engine_unit:
+                return launch_command(None, host, engine_unit=s.engine_unit)
+            return None, f"unreadable: {host} is not this machine; set server.launch_command"
+        return launch_command(
+            port, "127.0.0.1" if host == "localhost" else host, engine_unit=s.engine_unit
+        )
+
+    def _gateway_identity(self) -> dict[str, Any] | None:
+        """The upstream's identity when server.url is an llm-watchdog gateway, else None."""
+        try:
+            url = api_root(self.settings.server.url) + "/control/identity"
+            with httpx.Client(transport=self.transport, timeout=5.0) as client:
+                response = client.get(url)
+            doc = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
             return None
-        return listening_process_cmdline(port, host="127.0.0.1" if host == "localhost" else host)
+        if isinstance(doc, dict) and doc.get("gateway") == "llm-watchdog":
+            return doc
+        return None
 
     def _record_fingerprint(self) -> None:
         infos = self.reader.infos() if self.reader.available else []
         first = infos[0] if infos else None
+        command, source = self._launch_command()
         fp = build_fingerprint(
             engine=self.engine.engine,
             engine_version=self.engine.version,
             model=self.model or "unknown",
-            launch_command=self._launch_command(),
+            launch_command=command,
             driver_version=self.reader.driver_version() if self.reader.available else None,
             gpu_name=first.name if first else None,
             gpu_uuid=first.uuid if first else None,
             probe_set_hash=self.probe_set.sha256,
             config_hash=config_hash(self.settings.to_dict()),
+            extra={"launch_command_source": source},
         )
         if self.fingerprint is not None and fp.id != self.fingerprint.id:
             changes = describe_change(self.fingerprint.key_fields(), fp)
@@ -394,7 +427,9 @@ class Daemon:
             "server": self.settings.server.url,
             "model": self.model,
             "engine": {"name": self.engine.engine, "version": self.engine.version},
-            "fingerprint": self.fingerprint.key_fields() | {"id": self.fingerprint_id}
+            "fingerprint": self.fingerprint.key_fields()
+            | self.fingerprint.extra
+            | {"id": self.fingerprint_id}
             if self.fingerprint
             else None,
             "last_probe": self.last_result.to_dict() if self.last_result else None,

@@ -242,6 +242,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     routes = [
         Route("/control", control.get_control, methods=["GET"]),
         Route("/control/observed", control.get_observed, methods=["GET"]),
+        Route("/control/identity", control.get_identity, methods=["GET"]),
         Route("/control/classes/{name}", control.get_class, methods=["GET"]),
         Route("/control/classes/{name}", control.put_class, methods=["PUT"]),
         Route("/metrics", control.get_metrics, methods=["GET"]),

@@ -220,6 +220,13 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 )
 @click.option("--key-classes-file", default=None, help="Lines `API_KEY = CLASS`.")
 @click.option(
+    "--engine-unit",
+    default="",
+    metavar="UNIT",
+    help="The engine's systemd unit: its ExecStart is the launch command /control/identity "
+    "reports where the engine's process cannot be read.",
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
 )
 def gateway(
@@ -244,6 +251,7 @@ def gateway(
     token_file: str | None,
     token_credential: str | None,
     key_classes_file: str | None,
+    engine_unit: str,
     log_level: str,
 ) -> None:
     """Class-aware OpenAI-compatible proxy in front of the engine, with a control API."""
@@ -297,17 +305,24 @@ def gateway(
         )
         return new
 
-    raise SystemExit(run(config, reload=reload))
+    raise SystemExit(run(config, reload=reload, engine_unit=engine_unit))
 
 
 def run(
     config: GatewayConfig,
     reload: Callable[[GatewayConfig], GatewayConfig | None] | None = None,
+    engine_unit: str = "",
 ) -> int:
     """Serve `config` in the foreground; the exit code (0 after SIGTERM/SIGINT, 1 no bind)."""
     notifier = Notifier()
     try:
-        serve(config, on_listening=_announce, notifier=notifier, reload=reload)
+        serve(
+            config,
+            on_listening=_announce,
+            notifier=notifier,
+            reload=reload,
+            engine_unit=engine_unit,
+        )
     except ListenError as exc:
         raise _Fail(str(exc)) from None
     finally:

@@ -6,6 +6,8 @@
                                      with Authorization: Bearer <token>
     GET  /control/observed?since=TS  recent TTFTs (unix seconds, ms) per class, newer than TS;
                                      work requests (POSTs) so far and in flight now, per class
+    GET  /control/identity           the upstream engine: name, version, models, launch
+                                     command (secrets redacted) and where it was read
     GET  /metrics                    Prometheus text
 
 A refused PUT (401 without a valid token, 400 for a bad value) changes nothing. Errors use
@@ -14,10 +16,14 @@ OpenAI's error shape, like the rest of the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+import shlex
+import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -32,6 +38,8 @@ MAX_LEASE_S = 86400.0
 # C0 and C1 controls (newline, ESC of an ANSI sequence, ...), DEL, and Unicode's line and
 # paragraph separators: a reason is logged, and must stay on one line and print as it reads.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# The engine's identity is re-read at most this often: it changes with a restart, not a request.
+IDENTITY_TTL_S = 30.0
 
 
 def _gw(request: Request) -> Gateway:
@@ -193,3 +201,48 @@ async def get_metrics(request: Request) -> Response:
     return Response(
         _gw(request).metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
     )
+
+
+def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any]:
+    """What serves behind the gateway, read now (blocking: HTTP to the engine, /proc)."""
+    # Imported here: the identity is read rarely, and the hot path need not load the probe.
+    from llm_watchdog.probe.engine import detect_engine
+    from llm_watchdog.probe.fingerprint import redact_command
+    from llm_watchdog.probe.procinfo import launch_command
+
+    info = detect_engine(upstream_url)
+    parts = urlsplit(upstream_url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    host = parts.hostname or ""
+    local = host in ("127.0.0.1", "localhost", "::1")
+    if local:
+        argv, source = launch_command(
+            port, "127.0.0.1" if host == "localhost" else host, engine_unit=engine_unit
+        )
+    elif engine_unit:
+        argv, source = launch_command(None, host, engine_unit=engine_unit)
+    else:
+        argv, source = None, f"unreadable: the upstream {host} is not on this machine"
+    return {
+        "gateway": "llm-watchdog",
+        "upstream": upstream_url,
+        "engine": info.engine,
+        "version": info.version,
+        "models": list(info.models),
+        "model": info.models[0] if info.models else None,
+        "launch_command": shlex.join(redact_command(argv)) if argv else None,
+        "launch_command_source": source,
+    }
+
+
+async def get_identity(request: Request) -> Response:
+    gw = _gw(request)
+    state = request.app.state
+    cached = getattr(state, "identity_cache", None)
+    now = time.monotonic()
+    if cached is None or now - cached[0] > IDENTITY_TTL_S:
+        unit = getattr(state, "engine_unit", "") or ""
+        ident = await asyncio.to_thread(upstream_identity, gw.config.upstream_url, unit)
+        cached = (now, ident)
+        state.identity_cache = cached
+    return JSONResponse(cached[1])

@@ -168,16 +168,19 @@ def serve(
     *,
     notifier: Notifier | None = None,
     reload: Callable[[GatewayConfig], GatewayConfig | None] | None = None,
+    engine_unit: str = "",
 ) -> None:
     """Run in the foreground until SIGTERM or SIGINT; raises ListenError if it cannot bind.
 
     `on_listening(url, config)` is called once connections are accepted (port 0 resolved).
     On SIGHUP, `reload(current)` returns the config to serve from now on, or None to keep
-    the current one (it logs why).
+    the current one (it logs why). `engine_unit` (e.g. "vllm.service") is where
+    /control/identity reads the engine's command line when its process cannot be read.
     """
     sock = bind_socket(config.listen_host, config.listen_port)
     url = url_for(config.listen_host, sock.getsockname()[1])
     app = create_app(config)
+    app.state.engine_unit = engine_unit
     gateway: Gateway = app.state.gateway
 
     def started() -> None:

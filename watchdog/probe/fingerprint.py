@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -40,6 +41,53 @@ _LABELS = {
 }
 _SHOW_MAX = 80  # characters of each side shown for a long value (a launch command)
 
+REDACTED = "***"
+# Words that mark a secret in an option or variable name, split at "-" and "_": --api-key,
+# --hf-token, --ssl-keyfile-password, HF_TOKEN, OPENAI_API_KEY. Whole words only, so
+# --tokenizer, --max-tokens and MAX_TOKENS (which shape the numbers) are kept.
+_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credential"}
+_OPTION = re.compile(r"^--?[A-Za-z][\w-]*$")
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+# user:password@ in a URL.
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@", re.I)
+
+
+def _secret_name(name: str) -> bool:
+    return any(w in _SECRET_WORDS for w in re.split(r"[-_]+", name.lower().lstrip("-")))
+
+
+def redact_command(argv: list[str]) -> list[str]:
+    """argv with secrets replaced by "***": the values of --api-key, --hf-token and other
+    secret-named options (both `--opt value` and `--opt=value`), NAME=value pairs whose name
+    says key, token, secret or password, and the password of any URL."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if _OPTION.match(name) and _secret_name(name):
+            out.append(f"{name}={REDACTED}" if eq else arg)
+            hide_next = not eq
+            continue
+        m = _ASSIGN.match(arg)
+        if m and _secret_name(m.group(1)):
+            out.append(f"{m.group(1)}={REDACTED}")
+            continue
+        out.append(_URL_PASSWORD.sub(rf"\1:{REDACTED}@", arg))
+    return out
+
+
+def redact_command_text(command: str) -> str:
+    """A command line as text, redacted as `redact_command` does (split as a shell would)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        argv = command.split()
+    return shlex.join(redact_command(argv))
+
 
 def build_fingerprint(
     engine: str | None,
@@ -54,9 +102,13 @@ def build_fingerprint(
     extra: Mapping[str, str] | None = None,
 ) -> Fingerprint:
     """A Fingerprint from what is known; None or empty becomes "unknown". A command given as
-    argv is joined with shlex.join, so it reads (and pastes) as a shell command."""
+    argv is joined with shlex.join, so it reads (and pastes) as a shell command. Secrets in
+    the command are redacted here, before anything can store, log or serve it."""
     if isinstance(launch_command, (list, tuple)):
-        launch_command = shlex.join(launch_command) if launch_command else None
+        argv = redact_command(list(launch_command))
+        launch_command = shlex.join(argv) if argv else None
+    elif launch_command:
+        launch_command = redact_command_text(launch_command)
     return Fingerprint(
         engine=_known(engine),
         engine_version=_known(engine_version),

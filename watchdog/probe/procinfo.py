@@ -8,18 +8,79 @@ state (0A = LISTEN, include/net/tcp_states.h) and inode; `/proc/PID/fd/*` links 
 `socket:[INODE]`; `/proc/PID/cmdline` is argv separated by NUL bytes. Another user's fds are
 unreadable without privileges, so a server run by another user gives None, as do a machine
 without /proc and a port nobody listens on. Nothing here raises for those.
+`launch_command` says which of these it was (the fingerprint's `launch_command_source`),
+and can ask systemd for the ExecStart of the engine's own unit instead.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import struct
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 _LISTEN = "0A"
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+# Why no command line could be read, as launch_command_source says it.
+NO_LISTENER = "unreadable: no local process listens on the port"
+OTHER_USER = (
+    "unreadable: the listening process belongs to another user or /proc is mounted "
+    "hidepid; set server.engine_unit or server.launch_command"
+)
+
+
+def launch_command(
+    port: int | None,
+    host: str,
+    *,
+    engine_unit: str = "",
+    proc: str | Path = "/proc",
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+) -> tuple[list[str] | None, str]:
+    """The engine's argv and where it came from ("process", "systemd unit vllm.service", or
+    "unreadable: why")."""
+    why = NO_LISTENER
+    if port is not None:
+        argv, why = _listening(port, host, Path(proc))
+        if argv is not None:
+            return argv, "process"
+    if engine_unit:
+        argv, unit_why = unit_exec_start(engine_unit, run=run)
+        if argv is not None:
+            return argv, f"systemd unit {engine_unit}"
+        why = f"{why}; {unit_why}"
+    return None, why
+
+
+_ARGV = re.compile(r"argv\[\]=(.*?) ; ")
+
+
+def unit_exec_start(
+    unit: str, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> tuple[list[str] | None, str]:
+    """ExecStart of a systemd unit (`systemctl show -p ExecStart --value`), as argv."""
+    try:
+        done = run(
+            ["systemctl", "show", "-p", "ExecStart", "--value", "--", unit],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"systemctl show {unit} failed ({exc})"
+    m = _ARGV.search(done.stdout or "")
+    if done.returncode != 0 or m is None or not m.group(1).strip():
+        reason = (done.stderr or "").strip().splitlines()[:1] or ["no ExecStart"]
+        return None, f"unit {unit}: {reason[0]}"
+    # systemctl prints argv joined by spaces; an argument with spaces cannot be told apart.
+    return m.group(1).split(), f"systemd unit {unit}"
 
 
 def listening_process_cmdline(
@@ -31,10 +92,13 @@ def listening_process_cmdline(
     machine's addresses. When several processes share the socket (a server that forks
     workers), the lowest PID, usually the parent, is taken.
     """
-    proc = Path(proc)
+    return _listening(port, host, Path(proc))[0]
+
+
+def _listening(port: int, host: str, proc: Path) -> tuple[list[str] | None, str]:
     targets = _addresses(host)
     if not targets:
-        return None
+        return None, NO_LISTENER
     inodes = set()
     for name, width in (("tcp", 8), ("tcp6", 32)):
         for addr, lport, inode in _listeners(proc / "net" / name, width):
@@ -42,18 +106,18 @@ def listening_process_cmdline(
                 inodes.add(inode)
     inodes.discard(0)
     if not inodes:
-        return None
+        return None, NO_LISTENER
     pid = _owner(proc, inodes)
     if pid is None:
-        return None
+        return None, OTHER_USER
     try:
         raw = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
-        return None
+        return None, OTHER_USER
     argv = [a.decode(errors="replace") for a in raw.split(b"\0")]
     if argv and argv[-1] == "":
         argv.pop()
-    return argv or None
+    return (argv, "process") if argv else (None, OTHER_USER)
 
 
 def _listeners(table: Path, width: int) -> list[tuple[IPAddress, int, int]]:
