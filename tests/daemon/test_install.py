@@ -57,8 +57,10 @@ def test_install_with_the_gateway(tmp_path):
     assert f"ExecStart={sys.executable} -m llm_watchdog gateway" in unit
     assert "EnvironmentFile=-/etc/llm-watchdog/gateway.env" in unit
     env = (tmp_path / "etc/llm-watchdog/gateway.env").read_text()
-    assert "LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token" in env
-    token = tmp_path / "etc/llm-watchdog/control-token"
+    # The token is a credential now: a root-only file under DynamicUser= could not be read.
+    assert "LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token" in env
+    assert "LoadCredential=control-token:/etc/llm-watchdog/credentials/control-token" in unit
+    token = tmp_path / "etc/llm-watchdog/credentials/control-token"
     first = token.read_text()
     assert len(first.strip()) == 32 and token.stat().st_mode & 0o777 == 0o600
     again = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
