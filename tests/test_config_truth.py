@@ -1,0 +1,185 @@
+"""Config that tells the truth: check-config prints exactly what was loaded, bad numbers and
+files are one-line errors (exit 78), secrets come from credentials and are never printed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from llm_watchdog.cli import cli
+from llm_watchdog.config import (
+    Settings,
+    example_config,
+    format_exact_duration,
+    load_settings,
+    settings_from_dict,
+)
+from llm_watchdog.durations import parse_duration
+from llm_watchdog.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def check_config(path, *args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli, ["--config", str(path), "check-config", *args], env=env)
+
+
+def printed_settings(output: str) -> Settings:
+    return settings_from_dict(tomllib.loads(output), "printed")
+
+
+def test_every_key_of_the_example_prints_and_loads_back_equal(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(example_config())
+    path.chmod(0o600)
+    result = check_config(path)
+    assert result.exit_code == 0, result.output
+    loaded = load_settings(str(path), env={})
+    again = printed_settings(result.output)
+    assert again == loaded
+    # Every key of every section is printed, not only those that differ from defaults.
+    data = tomllib.loads(result.output)
+    for section, values in loaded.to_dict().items():
+        assert set(data[section]) == set(values), section
+
+
+def test_values_are_printed_as_loaded_not_rounded(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[control]\ntarget_p95 = "1.5s"\n[drift]\nshift_ratio = 1.3\n'
+        'false_alarm_probes = 500000\n[probe]\ninterval = "2.25s"\nconnect_timeout = "1h30m"\n'
+    )
+    out = check_config(path).output
+    assert 'target_p95 = "1.5s"' in out
+    assert "shift_ratio = 1.3\n" in out
+    assert "false_alarm_probes = 500000.0\n" in out
+    assert 'interval = "2.25s"' in out and 'connect_timeout = "1h30m"' in out
+    assert printed_settings(out) == load_settings(str(path), env={})
+
+
+@pytest.mark.parametrize("seconds", [1.5, 0.25, 1e-05, 90.0, 86400 * 3 + 1.001, 0.1 + 0.2])
+def test_exact_durations_parse_back_to_the_same_seconds(seconds):
+    assert parse_duration(format_exact_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[probe]\ninterval = nan", "expected a finite duration"),
+        ("[probe]\ninterval = inf", "expected a finite duration"),
+        ("[probe]\ninterval = -inf", "non-negative"),
+        ("[probe]\ninterval = 0", "must be at least 0.1s"),
+        ('[probe]\ninterval = "-5s"', "expected a duration"),
+        ("[probe]\njitter = -1", "non-negative"),
+        ("[drift]\nshift_ratio = nan", "expected a finite number"),
+        ("[drift]\nfalse_alarm_probes = inf", "expected a finite number"),
+    ],
+)
+def test_nan_inf_zero_and_negative_are_one_line_and_exit_78(tmp_path, text, message):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(str(path), env={})
+    for command in (["check-config"], ["run"]):
+        result = CliRunner().invoke(cli, ["--config", str(path), *command])
+        assert result.exit_code == 78, (command, result.output)
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_bytes(b'[server]\n# caf\xe9 latin-1\nurl = "http://127.0.0.1:8000"\n')
+    result = check_config(path)
+    assert result.exit_code == 78
+    assert result.output.strip().splitlines() == [
+        f"llm-watchdog: {path}: line 2: not UTF-8 text (byte 0xe9); save the file as UTF-8"
+    ]
+
+
+SECRET_SINK = """
+[[alerts.sink]]
+type = "webhook"
+url = "https://hooks.example/T000/B000/XXXXSECRETXXXX"
+headers = { Authorization = "Bearer tok-SECRET-123" }
+"""
+
+
+def test_secrets_in_a_world_readable_file_are_warned_about_and_never_printed(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(SECRET_SINK)
+    path.chmod(0o644)
+    result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
+    assert result.exit_code == 0, result.output
+    assert "readable by every user (mode 0644)" in result.output
+    assert "alerts.sink[0].url" in result.output and "headers" in result.output
+    assert "SECRET" not in result.output
+    path.chmod(0o600)
+    result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
+    assert "readable by every user" not in result.output and "SECRET" not in result.output
+    json_out = CliRunner().invoke(cli, ["--config", str(path), "check-config", "--json"])
+    assert "SECRET" not in json_out.output
+
+
+def test_addresses_are_printed_but_passwords_in_them_are_not(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[server]\nurl = "http://ann:hunter2@127.0.0.1:8000"\n')
+    path.chmod(0o644)
+    result = check_config(path)
+    assert 'url = "http://ann:***@127.0.0.1:8000"' in result.output
+    assert "hunter2" not in result.output and "server.url" in result.output  # the warning
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[control]\ngateway_url = "http://127.0.0.1:8090"\n')
+    plain.chmod(0o644)
+    result = check_config(plain)
+    assert 'gateway_url = "http://127.0.0.1:8090"' in result.output
+    assert "warning" not in result.output
+
+
+def test_secrets_come_from_systemd_credentials(tmp_path, monkeypatch):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "engine-key").write_text("sk-cred\n")
+    (creds / "control-token").write_text("tok-cred\n")
+    (creds / "hook").write_text("https://hooks.example/x\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    s = settings_from_dict(
+        {
+            "server": {"api_key_credential": "engine-key"},
+            "control": {"token_credential": "control-token"},
+        },
+        "t.toml",
+    )
+    assert s.api_key() == "sk-cred" and s.control_token() == "tok-cred"
+    from llm_watchdog.alerts import load_alerts
+
+    _, sinks = load_alerts(
+        {"sink": [{"type": "webhook", "url_credential": "hook"}]}, env=dict(os.environ)
+    )
+    assert len(sinks) == 1
+    missing = settings_from_dict({"server": {"api_key_credential": "nope"}}, "t.toml")
+    with pytest.raises(ConfigError, match="cannot read credential .*nope"):
+        missing.api_key()
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError, match=r"\$CREDENTIALS_DIRECTORY is not set"):
+        s.api_key()
+
+
+def test_an_unreadable_secret_stops_run_with_exit_78_and_one_line(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(
+        f'[control]\nenabled = true\ntoken_file = "{tmp_path / "gone"}"\n'
+        f'[storage]\npath = "{tmp_path / "db.sqlite"}"\n'
+    )
+    result = CliRunner().invoke(cli, ["--config", str(path), "run"])
+    assert result.exit_code == 78, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "control.token_file: cannot read" in lines[0]
+    result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
+    assert result.exit_code == 78 and "control.token_file" in result.output
