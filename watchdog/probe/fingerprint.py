@@ -81,12 +81,21 @@ def redact_command(argv: list[str]) -> list[str]:
 
 
 def redact_command_text(command: str) -> str:
-    """A command line as text, redacted as `redact_command` does (split as a shell would)."""
+    """A command line as text, redacted as `redact_command` does (split as a shell would).
+
+    A line a shell could not split (an open quote) is cut after its first secret-named
+    option: where its value ends cannot be told.
+    """
     try:
-        argv = shlex.split(command)
+        return shlex.join(redact_command(shlex.split(command)))
     except ValueError:
-        argv = command.split()
-    return shlex.join(redact_command(argv))
+        pass
+    words = command.split()
+    for i, word in enumerate(words):
+        name = word.partition("=")[0]
+        if _OPTION.match(name) and _secret_name(name):
+            return " ".join([*words[:i], name, REDACTED])
+    return " ".join(redact_command(words))
 
 
 def build_fingerprint(
