@@ -132,7 +132,8 @@ class Heartbeat:
         return False
 
     def start(self) -> Heartbeat:
-        if self.interval_s is None or not self.notifier.enabled:
+        """Ping from a thread of its own; a second call does nothing."""
+        if self._thread is not None or self.interval_s is None or not self.notifier.enabled:
             return self
         interval = self.interval_s
 

@@ -155,6 +155,9 @@ class Daemon:
     # ---- start-up -------------------------------------------------------------------------
 
     def startup(self) -> None:
+        # systemd's watchdog runs from the start, not from READY: reading the engine's
+        # identity can take seconds.
+        self.heartbeat.start()
         if self.gpu_enabled:
             if not self.reader.start():
                 self.store.record_gpu_event(
