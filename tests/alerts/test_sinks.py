@@ -250,12 +250,14 @@ def test_load_alerts_returns_settings_and_sinks() -> None:
         (
             {"type": "webhook", "url": "https://x.test/h", "url_env": "X"},
             {},
-            "alerts.sink[1]: give the webhook URL as exactly one of url, url_file or url_env",
+            "alerts.sink[1]: give the webhook URL as exactly one of url, url_file, url_env or "
+            "url_credential",
         ),
         (
             {"type": "webhook"},
             {},
-            "alerts.sink[1]: give the webhook URL as exactly one of url, url_file or url_env",
+            "alerts.sink[1]: give the webhook URL as exactly one of url, url_file, url_env or "
+            "url_credential",
         ),
         (
             {"type": "webhook", "url_env": "SLACK_WEBHOOK"},
@@ -279,7 +281,8 @@ def test_load_alerts_returns_settings_and_sinks() -> None:
             {"type": "webhook", "url": "https://x.test/h", "urll": "y"},
             {},
             "alerts.sink[1].urll: unknown key: expected one of blocks, headers, headers_env, "
-            "headers_file, kinds, min_severity, name, shape, timeout, type, url, url_env, url_file",
+            "headers_file, kinds, min_severity, name, shape, timeout, type, url, url_credential, "
+            "url_env, url_file",
         ),
         (
             {"type": "webhook", "url": "https://x.test/h", "headers": {"X-Key": "a\nb"}},

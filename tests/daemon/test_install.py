@@ -65,3 +65,18 @@ def test_install_with_the_gateway(tmp_path):
     assert len(first.strip()) == 32 and token.stat().st_mode & 0o777 == 0o600
     again = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
     assert "kept existing" in again.output and token.read_text() == first
+
+
+def test_an_older_installs_token_moves_into_the_credential(tmp_path):
+    old = tmp_path / "etc/llm-watchdog/control-token"
+    old.parent.mkdir(parents=True)
+    old.write_text("old-token-kept\n")
+    env = old.parent / "gateway.env"
+    env.write_text("LLM_WATCHDOG_GATEWAY_TOKEN_FILE=/etc/llm-watchdog/control-token\n")
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
+    assert result.exit_code == 0, result.output
+    cred = tmp_path / "etc/llm-watchdog/credentials/control-token"
+    assert cred.read_text() == "old-token-kept\n" and cred.stat().st_mode & 0o777 == 0o600
+    unit = (tmp_path / "etc/systemd/system/llm-watchdog-gateway.service").read_text()
+    # The kept gateway.env names the old file; the unit's credential comes first.
+    assert "Environment=LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token" in unit

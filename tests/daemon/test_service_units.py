@@ -157,6 +157,9 @@ class Service:
             "NOTIFY_SOCKET": self.notify.address,
             "WATCHDOG_USEC": "1000000",
         }
+        for spec in _unit_value(unit, "Environment"):
+            key, _, value = spec.partition("=")
+            environment[key] = value
         for spec in _unit_value(unit, "EnvironmentFile"):
             path = root / spec.lstrip("-").lstrip("/")
             if path.exists():

@@ -123,3 +123,14 @@ def test_the_fingerprint_never_holds_the_secret() -> None:
         fp = build_fingerprint("llamacpp", "b1", "m", command, None, None, None, None, None)
         assert "SECRET" not in fp.launch_command and "--api-key" in fp.launch_command
     assert "SECRET" not in redact_command_text("a --token 'un closed SECRET")
+
+
+def test_where_the_command_is_read_from_is_not_part_of_the_config_hash() -> None:
+    from llm_watchdog.config import settings_from_dict
+    from llm_watchdog.probe.fingerprint import config_hash
+
+    plain = settings_from_dict({}, "t.toml")
+    with_unit = settings_from_dict({"server": {"engine_unit": "vllm.service"}}, "t.toml")
+    assert config_hash(plain.to_dict()) == config_hash(with_unit.to_dict())
+    other = settings_from_dict({"server": {"launch_command": "x"}}, "t.toml")
+    assert config_hash(other.to_dict()) != config_hash(plain.to_dict())

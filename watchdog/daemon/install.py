@@ -127,11 +127,22 @@ def plan_install(
     if gateway:
         token_path = credentials_dir(config_path) / TOKEN_CREDENTIAL
         credentials[TOKEN_CREDENTIAL] = token_path
-        units[unit_dir / GATEWAY_UNIT] = render_unit(
+        gateway_unit = render_unit(
             unit_template(GATEWAY_UNIT), python, config_path, user, ["gateway"], credentials
         ).replace("/etc/llm-watchdog/gateway.env", str(config_path.parent / "gateway.env"))
+        # In the unit too, so a gateway.env kept from an older install (TOKEN_FILE, a root
+        # file the service cannot read) is overruled: a credential comes first.
+        units[unit_dir / GATEWAY_UNIT] = gateway_unit.replace(
+            "\nExecStart=",
+            f"\nEnvironment=LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL={TOKEN_CREDENTIAL}\nExecStart=",
+            1,
+        )
         files[real_config.parent / "gateway.env"] = GATEWAY_ENV
-        secret_files[root / token_path.relative_to("/")] = secrets.token_hex(16) + "\n"
+        # An older install kept the token at /etc/llm-watchdog/control-token: the same token
+        # moves into the credential, so clients that hold it keep working.
+        old = real_config.parent / "control-token"
+        token = old.read_text(encoding="utf-8") if old.is_file() else secrets.token_hex(16) + "\n"
+        secret_files[root / token_path.relative_to("/")] = token
     if start:
         names = [GATEWAY_UNIT, UNIT_NAME] if gateway else [UNIT_NAME]
         commands.append(systemctl + ["enable", "--now", *names])

@@ -27,6 +27,9 @@ SECRET_MARKERS = ("key", "token", "secret", "password")
 # Sections that cannot change a measured number: moving the database or raising the log
 # level must not throw away a baseline.
 IGNORED_SECTIONS = ("storage", "logging")
+# Keys that say where the engine's identity is read from, not what it is (the launch command
+# itself is a fingerprint field): adding one must not throw away a baseline either.
+IGNORED_KEYS = (("server", "engine_unit"),)
 
 _LABELS = {
     "engine": "engine",
@@ -163,6 +166,9 @@ def config_hash(settings: Any, ignore: Iterable[str] = IGNORED_SECTIONS) -> str:
     items: Mapping[str, Any] = settings
     skip = set(ignore)
     cleaned = {k: _scrub(v) for k, v in items.items() if k not in skip and not _secret(k)}
+    for section, key in IGNORED_KEYS:
+        if isinstance(cleaned.get(section), dict):
+            cleaned[section] = {k: v for k, v in cleaned[section].items() if k != key}
     blob = json.dumps(cleaned, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
