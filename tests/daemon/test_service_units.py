@@ -70,7 +70,9 @@ def test_the_generated_units_verify(root):
         [ANALYZE, "verify", *units], capture_output=True, text=True, cwd=root, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.strip() == "", done.stderr
+    # Other units of the machine may draw remarks of their own; ours draw none.
+    ours = [line for line in done.stderr.splitlines() if "llm-watchdog" in line]
+    assert ours == [], done.stderr
 
 
 @needs_analyze
