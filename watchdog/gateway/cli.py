@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.durations import parse_duration
@@ -139,7 +140,37 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
-@click.command("gateway", context_settings={"auto_envvar_prefix": "LLM_WATCHDOG_GATEWAY"})
+class _GatewayCommand(click.Command):
+    """A bad value from the environment is a config error (exit 78, one line), not usage.
+
+    Under systemd the options come from gateway.env: exit 2 with a usage text would make
+    Restart=on-failure loop on a file that restarting cannot fix.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            param = exc.param
+            if (
+                param is not None
+                and param.name is not None
+                and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+            ):
+                name = getattr(param, "envvar", None) or _env_name(param.name)
+                raise _ConfigFail(f"{name}: {exc.format_message()}") from None
+            raise
+
+
+def _env_name(param_name: str) -> str:
+    return f"LLM_WATCHDOG_GATEWAY_{param_name.upper()}"
+
+
+@click.command(
+    "gateway",
+    cls=_GatewayCommand,
+    context_settings={"auto_envvar_prefix": "LLM_WATCHDOG_GATEWAY"},
+)
 @click.option("--listen", default="127.0.0.1:8090", show_default=True, help="HOST:PORT to bind.")
 @click.option(
     "--upstream", default="http://127.0.0.1:8000", show_default=True, help="Engine root URL."
@@ -255,9 +286,12 @@ def gateway(
     log_level: str,
 ) -> None:
     """Class-aware OpenAI-compatible proxy in front of the engine, with a control API."""
+    ctx = click.get_current_context()
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
+        if ctx.get_parameter_source("listen") is ParameterSource.ENVIRONMENT:
+            raise _ConfigFail(f"{_env_name('listen')}: {exc}") from None
         raise click.BadParameter(str(exc), param_hint="--listen") from None
     try:
         token, key_classes = read_secrets(token_credential, token_file, key_classes_file)
@@ -288,6 +322,11 @@ def gateway(
             control_token=token,
         )
     except ValueError as exc:
+        from_env = any(
+            ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT for name in ctx.params
+        )
+        if from_env:  # gateway.env under systemd: a config error, not a typo on a command line
+            raise _ConfigFail(f"{exc} (options from LLM_WATCHDOG_GATEWAY_* variables)") from None
         raise click.UsageError(str(exc)) from None
     setup_logging(log_level)
 
