@@ -1,0 +1,186 @@
+"""`bench compare A B`: what differs between two stored runs, and what it did. Pure.
+
+Every variable that differs is listed (the launch command flag by flag, engine version,
+driver, model, probe set, batch set, GPU, the bench's settings key by key): a comparison
+is only readable when one thing changed, so more than one gets a warning. Then per batch
+level: the chat p95 difference (B - A) with a bootstrap 95 % interval over the raw TTFTs
+and a plain verdict, and the quality and throughput differences. A quality drop comes
+first: a faster setup that changes answers is a different system, not a faster one.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llm_watchdog.bench.stats import percentile_difference, verdict
+
+FIELDS = (
+    ("engine", "engine"),
+    ("engine_version", "engine version"),
+    ("model", "model"),
+    ("driver_version", "driver"),
+    ("gpu_name", "GPU"),
+    ("probe_set_hash", "probe set"),
+    ("batch_set_hash", "batch set"),
+)
+# Words of a launch command that say where it listens, not how it runs: two launches on
+# different ports are the same setup.
+ADDRESS_FLAGS = ("--port", "--host", "-p")
+
+
+def flags(command: str) -> dict[str, str]:
+    """A launch command as {flag: value}: `--parallel 4` and `--parallel=4` are
+    {"--parallel": "4"}; a flag without a value is "" ; other words are keyed by position
+    ("arg0" the program, then "arg1", ...)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    out: dict[str, str] = {}
+    i, pos = 0, 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-") and len(w) > 1 and not _number(w):
+            if "=" in w and w.startswith("--"):
+                key, value = w.split("=", 1)
+                out[key] = value
+            elif i + 1 < len(words) and not (
+                words[i + 1].startswith("-") and not _number(words[i + 1])
+            ):
+                out[w] = words[i + 1]
+                i += 1
+            else:
+                out[w] = ""
+        else:
+            out[f"arg{pos}"] = w
+            pos += 1
+        i += 1
+    return out
+
+
+def _number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One {"variable", "a", "b"} per thing that differs between two runs."""
+    out: list[dict[str, Any]] = []
+    ca, cb = str(a.get("launch_command", "unknown")), str(b.get("launch_command", "unknown"))
+    if ca != cb:
+        fa, fb = flags(ca), flags(cb)
+        if ca == "unknown" or cb == "unknown":
+            out.append({"variable": "launch command", "a": ca, "b": cb})
+        else:
+            for key in sorted(set(fa) | set(fb), key=lambda k: (k.startswith("arg"), k)):
+                if key in ADDRESS_FLAGS or fa.get(key) == fb.get(key):
+                    continue
+                out.append(
+                    {"variable": f"launch command {key}", "a": fa.get(key), "b": fb.get(key)}
+                )
+    for field, label in FIELDS:
+        if a.get(field) != b.get(field):
+            out.append({"variable": label, "a": a.get(field), "b": b.get(field)})
+    conf_a, conf_b = _flatten(a.get("config") or {}), _flatten(b.get("config") or {})
+    for key in sorted(set(conf_a) | set(conf_b)):
+        if conf_a.get(key) != conf_b.get(key):
+            out.append({"variable": f"config {key}", "a": conf_a.get(key), "b": conf_b.get(key)})
+    return out
+
+
+def _ttfts(rows: Sequence[Mapping[str, Any]], level_index: int) -> list[float]:
+    return [
+        float(r["ttft_ms"])
+        for r in rows
+        if r.get("level_index") == level_index
+        and r.get("outcome") == "ok"
+        and r.get("quality_pass")
+        and r.get("ttft_ms") is not None
+    ]
+
+
+def _minus(b: Any, a: Any) -> float | None:
+    return float(b) - float(a) if a is not None and b is not None else None
+
+
+def compare_runs(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    chat_a: Sequence[Mapping[str, Any]],
+    chat_b: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The comparison of run B against run A (the raw chat rows of each, as stored)."""
+    diffs = differences(a, b)
+    warnings: list[str] = []
+    if len(diffs) > 1:
+        warnings.append(
+            f"{len(diffs)} variables differ: a difference below cannot be put down to any "
+            "one of them; change one thing at a time"
+        )
+    elif not diffs:
+        warnings.append("nothing differs between the runs: what follows is run-to-run noise")
+    for run, name in ((a, "A"), (b, "B")):
+        if not run.get("complete"):
+            warnings.append(f"run {name} (#{run.get('id')}) is incomplete")
+    index_a = {lv["batch_streams"]: i for i, lv in enumerate(a.get("levels") or [])}
+    index_b = {lv["batch_streams"]: i for i, lv in enumerate(b.get("levels") or [])}
+    levels: list[dict[str, Any]] = []
+    quality_drops: list[str] = []
+    for streams in sorted(set(index_a) & set(index_b)):
+        la, lb = a["levels"][index_a[streams]], b["levels"][index_b[streams]]
+        diff = percentile_difference(
+            _ttfts(chat_a, index_a[streams]), _ttfts(chat_b, index_b[streams]), 95
+        )
+        qa, qb = la.get("quality_pass_rate"), lb.get("quality_pass_rate")
+        row = {
+            "batch_streams": streams,
+            "quality_a": qa,
+            "quality_b": qb,
+            "quality_diff": _minus(qb, qa),
+            "chat_p95_a_ms": la.get("chat_p95_ms"),
+            "chat_p95_b_ms": lb.get("chat_p95_ms"),
+            "chat_p95_diff_ms": diff.value if diff else None,
+            "chat_p95_diff_low_ms": diff.low if diff else None,
+            "chat_p95_diff_high_ms": diff.high if diff else None,
+            "verdict": verdict(diff),
+            "batch_output_a_per_s": la.get("batch_output_per_s"),
+            "batch_output_b_per_s": lb.get("batch_output_per_s"),
+            "batch_output_unit": lb.get("batch_output_unit") or la.get("batch_output_unit"),
+            "engine_queue_a_ms": la.get("engine_queue_ms_mean"),
+            "engine_queue_b_ms": lb.get("engine_queue_ms_mean"),
+        }
+        if qa is not None and qb is not None and qb < qa:
+            quality_drops.append(
+                f"quality dropped at batch {streams}: {qa:.0%} -> {qb:.0%} of answers right; "
+                "B answers differently, so its speed is not comparable"
+            )
+        levels.append(row)
+    missing = sorted(set(index_a) ^ set(index_b))
+    if missing:
+        warnings.append(
+            "batch levels measured in only one run: " + ", ".join(str(m) for m in missing)
+        )
+    return {
+        "a": a.get("id"),
+        "b": b.get("id"),
+        "quality_drops": quality_drops,
+        "differences": diffs,
+        "warnings": warnings,
+        "levels": levels,
+    }

@@ -1,0 +1,116 @@
+"""Beside a bench level: the engine's scheduler metrics and the GPU, read once a second.
+
+The HTTP and NVML edge of the bench's observation; what the readings mean is
+`llm_watchdog.bench.scheduler` (engine) and `gpu_summary` below (card). One thread polls
+until stopped; `take()` hands over what a level saw and starts the next level's list.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from llm_watchdog.bench.scheduler import ENGINES, snapshot
+from llm_watchdog.models import GpuSample
+from llm_watchdog.probe.engine import api_root
+
+
+class Observer:
+    def __init__(
+        self,
+        url: str,
+        engine: str,
+        reader: Any = None,  # a started llm_watchdog.nvml.reader.NvmlReader, or None
+        interval_s: float = 1.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.root = api_root(url)
+        self.engine = engine
+        self.reader = reader
+        self.interval_s = interval_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=2.0, trust_env=False, headers=headers)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._snaps: list[dict[str, float | None]] = []
+        self._gpu: list[GpuSample] = []
+        self._metrics_ok = engine in ENGINES
+        self._slots_ok = ENGINES.get(engine) is not None and ENGINES[engine].slots
+        self._thread = threading.Thread(target=self._run, name="bench-observe", daemon=True)
+
+    def start(self) -> Observer:
+        self.poll()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        self._client.close()
+
+    def take(self) -> tuple[list[dict[str, float | None]], list[GpuSample]]:
+        """This level's readings, with one fresh reading at the end; the next level starts
+        from that reading, so a histogram's growth is split between levels without a gap."""
+        self.poll()
+        with self._lock:
+            snaps, gpu = self._snaps, self._gpu
+            self._snaps, self._gpu = snaps[-1:], []
+        return snaps, gpu
+
+    def poll(self) -> None:
+        metrics = self._get("/metrics") if self._metrics_ok else None
+        slots = self._get_json("/slots") if self._slots_ok else None
+        snap = snapshot(self.engine, metrics, slots)
+        samples: list[GpuSample] = []
+        if self.reader is not None and getattr(self.reader, "available", False):
+            samples, _events = self.reader.sample()
+        with self._lock:
+            self._snaps.append(snap)
+            self._gpu.extend(samples)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def _get(self, path: str) -> str | None:
+        try:
+            r = self._client.get(self.root + path)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    def _get_json(self, path: str) -> Any:
+        try:
+            r = self._client.get(self.root + path)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+
+def gpu_summary(samples: Sequence[GpuSample], span_s: float | None = None) -> dict[str, Any]:
+    """Temperature, SM clock and time throttled (thermal and power) over a level."""
+
+    def vals(name: str) -> list[float]:
+        return [float(v) for s in samples if (v := getattr(s, name)) is not None]
+
+    temps, clocks = vals("temp_c"), vals("sm_clock_mhz")
+    thermal, power = vals("thermal_violation_ms"), vals("power_violation_ms")
+    if span_s is None and len(samples) >= 2:
+        span_s = samples[-1].ts - samples[0].ts
+    throttled_ms = sum(thermal) + sum(power) if (thermal or power) else None
+    return {
+        "gpu_samples": len(samples),
+        "temp_c_min": min(temps) if temps else None,
+        "temp_c_max": max(temps) if temps else None,
+        "sm_clock_mhz_mean": sum(clocks) / len(clocks) if clocks else None,
+        "sm_clock_mhz_min": min(clocks) if clocks else None,
+        "thermal_throttle_ms": sum(thermal) if thermal else None,
+        "power_throttle_ms": sum(power) if power else None,
+        "throttled_share": throttled_ms / (1000 * span_s)
+        if throttled_ms is not None and span_s
+        else None,
+    }

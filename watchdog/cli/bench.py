@@ -1,0 +1,497 @@
+"""The `bench` command group: run the protocol, list and show stored runs, compare two."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+
+from llm_watchdog.bench.batchset import BatchSetError, load_batch_set, synthetic_batch_set
+from llm_watchdog.bench.compare import compare_runs
+from llm_watchdog.bench.run import (
+    COLD_AUTO,
+    BenchError,
+    BenchPlan,
+    BenchResult,
+    Progress,
+    parse_levels,
+    run_bench,
+)
+from llm_watchdog.bench.summary import cold_summary
+from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
+from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.daemon.service import probe_options, server_port
+from llm_watchdog.durations import parse_duration
+from llm_watchdog.nvml.reader import NvmlReader
+from llm_watchdog.probe.client import Prober
+from llm_watchdog.probe.fingerprint import build_fingerprint
+from llm_watchdog.probe.procinfo import listening_process_cmdline
+from llm_watchdog.store import bench as stored
+from llm_watchdog.store.db import Store, StoreError
+
+LEVEL_COLUMNS = [
+    "batch_streams",
+    "chat_probes",
+    "quality_pass_rate",
+    "chat_failed",
+    "chat_wrong",
+    "chat_p50_ms",
+    "chat_p95_ms",
+    "chat_p95_low_ms",
+    "chat_p95_high_ms",
+    "chat_p99_ms",
+    "batch_requests_ok",
+    "batch_output_per_s",
+    "batch_output_unit",
+    "batch_rejected",
+    "batch_queue_cap_hits",
+    "batch_wait_p95_ms",
+    "engine_waiting_mean",
+    "engine_queue_ms_mean",
+    "engine_prefill_ms_mean",
+    "temp_c_max",
+    "sm_clock_mhz_min",
+    "throttled_share",
+    "complete",
+]
+LEVEL_HEADERS = {
+    "batch_streams": "batch",
+    "chat_probes": "probes",
+    "quality_pass_rate": "quality",
+    "chat_failed": "failed",
+    "chat_wrong": "wrong",
+    "chat_p50_ms": "p50_ms",
+    "chat_p95_ms": "p95_ms",
+    "chat_p95_low_ms": "p95_lo",
+    "chat_p95_high_ms": "p95_hi",
+    "chat_p99_ms": "p99_ms",
+    "batch_requests_ok": "batch_ok",
+    "batch_output_per_s": "batch_per_s",
+    "batch_output_unit": "unit",
+    "batch_rejected": "rejected",
+    "batch_queue_cap_hits": "cap_hits",
+    "batch_wait_p95_ms": "wait_p95",
+    "engine_waiting_mean": "eng_wait",
+    "engine_queue_ms_mean": "eng_q_ms",
+    "engine_prefill_ms_mean": "eng_pf_ms",
+    "temp_c_max": "temp_max",
+    "sm_clock_mhz_min": "clk_min",
+    "throttled_share": "throttled",
+}
+LIST_COLUMNS = [
+    "id",
+    "started",
+    "complete",
+    "engine",
+    "engine_version",
+    "model",
+    "levels",
+    "probe_set",
+    "launch_command",
+]
+COMPARE_COLUMNS = [
+    "batch_streams",
+    "quality_a",
+    "quality_b",
+    "chat_p95_a_ms",
+    "chat_p95_b_ms",
+    "chat_p95_diff_ms",
+    "chat_p95_diff_low_ms",
+    "chat_p95_diff_high_ms",
+    "verdict",
+    "batch_output_a_per_s",
+    "batch_output_b_per_s",
+    "batch_output_unit",
+    "engine_queue_a_ms",
+    "engine_queue_b_ms",
+]
+
+
+def _db_option(fn: Any) -> Any:
+    return click.option(
+        "--db",
+        type=click.Path(dir_okay=False),
+        help="Database file (default: storage.path of the config).",
+    )(fn)
+
+
+def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
+    path = Path(db) if db else Path(settings_from(ctx).storage.path)
+    if must_exist and not path.exists():
+        raise Fail(f"no database at {path}: run `llm-watchdog bench --url …` first, or pass --db")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Store(path)
+    except OSError as exc:
+        raise Fail(f"cannot create {path.parent} ({exc.strerror}): pass --db PATH") from None
+    except StoreError as exc:
+        raise Fail(str(exc)) from None
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--url", help="Server (or gateway) base URL (default: server.url).")
+@click.option("--model", help="Model name (default: server.model; 'auto' asks the server).")
+@click.option(
+    "--chat-set", help="Probe set for chat: a name or a .toml path (default: probe.probe_set)."
+)
+@click.option("--batch-set", type=str, help="Batch set .toml (default: synthetic documents).")
+@click.option(
+    "--batch-streams",
+    default="0,2,4,8",
+    show_default=True,
+    help="Comma-separated batch concurrency levels to measure.",
+)
+@click.option("--duration", default="60s", show_default=True, help="Measuring time per level.")
+@click.option("--warmup", default="5s", show_default=True, help="Batch fill time before a level.")
+@click.option("--queue-cap", help="Give a batch request up if its response has not begun in this.")
+@click.option(
+    "--cold-start",
+    default=COLD_AUTO,
+    show_default=True,
+    help="auto (the engine's own unload: Ollama), none, or a COMMAND that restarts the server.",
+)
+@click.option(
+    "--document-words",
+    default=700,
+    show_default=True,
+    type=click.IntRange(10),
+    help="Size of each synthetic batch document.",
+)
+@click.option("--launch-command", help="How the server was started (default: read from /proc).")
+@_db_option
+@click.option("--no-store", is_flag=True, help="Print only; do not store the run.")
+@listing_options
+@click.pass_context
+def bench(ctx: click.Context, fmt: str, **opts: Any) -> None:
+    """Chat TTFT p50/p95/p99 and batch throughput at each batch concurrency, on your server.
+
+    A cold start apart, then each level: a batch job of that many streams while the fixed
+    chat prompts measure TTFT and answer quality, with the engine's queue and the GPU read
+    beside it. Every run is stored: `bench list`, `bench show ID`, `bench compare A B`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    _run(ctx, fmt, **opts)
+
+
+def _run(
+    ctx: click.Context,
+    fmt: str,
+    url: str | None,
+    model: str | None,
+    chat_set: str | None,
+    batch_set: str | None,
+    batch_streams: str,
+    duration: str,
+    warmup: str,
+    queue_cap: str | None,
+    cold_start: str,
+    document_words: int,
+    launch_command: str | None,
+    db: str | None,
+    no_store: bool,
+) -> None:
+    settings = settings_from(ctx)
+    try:
+        levels = parse_levels(batch_streams)
+        seconds = parse_duration(duration)
+        warmup_s = parse_duration(warmup)
+        cap_s = parse_duration(queue_cap) if queue_cap else None
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{exc}; e.g. --batch-streams 0,2,4 --duration 60s --queue-cap 2s"
+        ) from None
+    try:
+        bset = load_batch_set(batch_set) if batch_set else synthetic_batch_set(document_words)
+    except BatchSetError as exc:
+        raise Fail(str(exc)) from None
+    server = replace(
+        settings.server, url=url or settings.server.url, model=model or settings.server.model
+    )
+    probe = replace(settings.probe, probe_set=chat_set or settings.probe.probe_set)
+    settings = replace(settings, server=server, probe=probe)
+    store = None if no_store else _store(ctx, db, must_exist=False)
+    target = reach_server(settings)
+    pset, api_key, chosen, engine = target.probe_set, target.api_key, target.model, target.engine
+    plan = BenchPlan(tuple(levels), seconds, warmup_s, cap_s, cold_start)
+    opts = probe_options(settings, engine)
+    config = {
+        "levels": list(levels),
+        "duration_s": seconds,
+        "warmup_s": warmup_s,
+        "queue_cap_s": cap_s,
+        "cold_start": cold_start,
+        "chat_gap_s": plan.chat_gap_s,
+        "batch_max_tokens": bset.max_tokens,
+        "cache_mode": opts.cache_mode,
+        "api": opts.api,
+        "first_token_timeout_s": opts.first_token_timeout_s,
+    }
+    reader = NvmlReader()
+    gpu_ok = reader.start()
+    infos = reader.infos() if gpu_ok else []
+    fp = build_fingerprint(
+        engine=engine,
+        engine_version=target.info.version,
+        model=chosen,
+        launch_command=launch_command or _launch_command(server.url, server.launch_command),
+        driver_version=reader.driver_version() if gpu_ok else None,
+        gpu_name=infos[0].name if infos else None,
+        gpu_uuid=infos[0].uuid if infos else None,
+        probe_set_hash=pset.sha256,
+        config_hash=None,
+    )
+    say = _Display(sys.stderr.isatty())
+    stop = threading.Event()
+    result = BenchResult()
+    box: dict[str, Any] = {}
+    started = time.time()
+
+    def work() -> None:
+        try:
+            with Prober(server.url, chosen, opts, api_key=api_key) as prober:
+                run_bench(
+                    prober,
+                    pset,
+                    bset,
+                    server.url,
+                    chosen,
+                    engine,
+                    plan,
+                    api_key=api_key,
+                    reader=reader if gpu_ok else None,
+                    stop=stop,
+                    progress=say.progress,
+                    level_done=say.level_done,
+                    result=result,
+                )
+        except BaseException as exc:  # handed to the main thread, which reports it
+            box["error"] = exc
+
+    # The run goes on a worker thread so that Ctrl-C reaches this one and sets `stop`.
+    worker = threading.Thread(target=work, name="bench")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        click.echo("\nstopping: keeping what was measured …", err=True)
+        stop.set()
+        worker.join()
+    finally:
+        reader.stop()
+    error = box.get("error")
+    if error is not None:
+        result.complete = False
+        result.stop_reason = str(error) if isinstance(error, BenchError) else repr(error)
+    elif stop.is_set():
+        result.complete, result.stop_reason = False, "interrupted (Ctrl-C)"
+    say.clear()
+    run_id = None
+    if store is not None:
+        key = fp.key_fields()
+        run = {
+            "started_ts": started,
+            "ended_ts": time.time(),
+            "complete": result.complete,
+            "stop_reason": result.stop_reason,
+            "url": server.url,
+            **{
+                k: key[k]
+                for k in (
+                    "engine",
+                    "engine_version",
+                    "model",
+                    "launch_command",
+                    "driver_version",
+                    "gpu_name",
+                    "gpu_uuid",
+                    "probe_set_hash",
+                )
+            },
+            "probe_set": pset.name,
+            "batch_set": bset.name,
+            "batch_set_hash": bset.sha256,
+            "fingerprint_id": fp.id,
+            "config": config,
+            "cold_start": result.cold_start,
+            "levels": result.levels,
+        }
+        with store:
+            run_id = stored.save_run(
+                store, run, result.chat_rows, result.batch_rows, result.gpu_rows
+            )
+    if fmt == "table":
+        click.echo(cold_summary(result.cold_start) if result.cold_start else "cold start: -")
+    else:
+        click.echo(cold_summary(result.cold_start) if result.cold_start else "", err=True)
+    emit(result.levels, LEVEL_COLUMNS, fmt, headers=LEVEL_HEADERS)
+    for lv in result.levels:
+        if lv.get("engine_note"):
+            click.echo(f"# batch {lv['batch_streams']}: {lv['engine_note']}", err=True)
+            break
+    if run_id is not None:
+        state = "" if result.complete else " (incomplete)"
+        click.echo(f"# stored as bench run #{run_id}{state}", err=True)
+    if isinstance(error, BenchError):
+        raise Fail(str(error))
+    if error is not None:
+        raise error
+    if not result.complete:
+        raise Fail(f"interrupted: what was measured is stored as run #{run_id}, marked incomplete")
+
+
+def _launch_command(url: str, configured: str) -> str | list[str] | None:
+    if configured != "auto":
+        return configured
+    port = server_port(url)
+    host = urlsplit(url).hostname or ""
+    if port is None or host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return listening_process_cmdline(port, host="127.0.0.1" if host == "localhost" else host)
+
+
+class _Display:
+    """Progress while a level runs: one line rewritten in place on a terminal, a plain line
+    every 10 s otherwise (a log file gets no carriage returns)."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self._last = 0.0
+        self._shown = False
+
+    def progress(self, p: Progress) -> None:
+        p95 = f"{p.p95_ms:.0f} ms" if p.p95_ms is not None else "-"
+        line = f"batch {p.batch_streams}: {p.left_s:.0f} s left, {p.probes} probes, p95 {p95}"
+        if self.tty:
+            click.echo("\r" + line.ljust(72), nl=False, err=True)
+            self._shown = True
+        elif time.monotonic() - self._last >= 10:
+            self._last = time.monotonic()
+            click.echo(f"# {line}", err=True)
+
+    def level_done(self, lv: dict[str, Any]) -> None:
+        self.clear()
+        p95 = lv.get("chat_p95_ms")
+        q = lv.get("quality_pass_rate")
+        out = lv.get("batch_output_per_s")
+        click.echo(
+            f"# batch {lv['batch_streams']}: chat p95 "
+            + (f"{p95:.0f} ms" if p95 is not None else "-")
+            + (f", quality {q:.0%}" if q is not None else "")
+            + (f", batch {out:.0f} {lv.get('batch_output_unit')}/s" if out is not None else ""),
+            err=True,
+        )
+
+    def clear(self) -> None:
+        if self._shown:
+            click.echo("\r" + " " * 72 + "\r", nl=False, err=True)
+            self._shown = False
+
+
+@bench.command("list")
+@_db_option
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
+@listing_options
+@click.pass_context
+def list_cmd(ctx: click.Context, db: str | None, limit: int, fmt: str) -> None:
+    """Stored bench runs, newest first."""
+    with _store(ctx, db, must_exist=True) as store:
+        runs = stored.list_runs(store, limit)
+    rows = [
+        dict(
+            r,
+            started=stamp(r["started_ts"]),
+            levels=",".join(str(lv["batch_streams"]) for lv in r["levels"]),
+        )
+        for r in runs
+    ]
+    emit(rows, LIST_COLUMNS, fmt)
+
+
+def _get(store: Store, run_id: int) -> dict[str, Any]:
+    run = stored.get_run(store, run_id)
+    if run is None:
+        raise Fail(f"no bench run #{run_id}: `llm-watchdog bench list` shows the stored ones")
+    return run
+
+
+@bench.command("show")
+@click.argument("run_id", type=int)
+@_db_option
+@click.option("--requests", is_flag=True, help="The raw per-request rows instead.")
+@listing_options
+@click.pass_context
+def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fmt: str) -> None:
+    """One stored run: what produced it, its cold start and its levels."""
+    with _store(ctx, db, must_exist=True) as store:
+        run = _get(store, run_id)
+        rows = stored.run_requests(store, run_id) if requests else []
+    if requests:
+        cols = [
+            "level_index",
+            "kind",
+            "ts",
+            "prompt_id",
+            "outcome",
+            "ttft_ms",
+            "wait_ms",
+            "total_ms",
+            "output_tokens",
+            "output_chars",
+            "quality_pass",
+            "error_class",
+        ]
+        emit(rows, cols, fmt)
+        return
+    if fmt == "json":
+        click.echo(json.dumps(run, sort_keys=True, default=str))
+        return
+    if fmt == "table":
+        state = "complete" if run["complete"] else f"INCOMPLETE ({run.get('stop_reason')})"
+        for line in (
+            f"bench run #{run['id']}  {stamp(run['started_ts'])}  {state}",
+            f"server   {run['url']}: {run['engine']} {run['engine_version']}, model {run['model']}",
+            f"launch   {run['launch_command']}",
+            f"gpu      {run['gpu_name']}, driver {run['driver_version']}",
+            f"chat set {run['probe_set']} ({run['probe_set_hash'][:12]}), "
+            f"batch set {run['batch_set']} ({run['batch_set_hash'][:12]})",
+            f"config   {json.dumps(run['config'], sort_keys=True)}",
+            cold_summary(run["cold_start"]) if run["cold_start"] else "cold start: -",
+        ):
+            click.echo(line)
+    emit(run["levels"], LEVEL_COLUMNS, fmt, headers=LEVEL_HEADERS)
+
+
+@bench.command("compare")
+@click.argument("a", type=int)
+@click.argument("b", type=int)
+@_db_option
+@listing_options
+@click.pass_context
+def compare_cmd(ctx: click.Context, a: int, b: int, db: str | None, fmt: str) -> None:
+    """What differs between runs A and B, and B's chat p95 against A's per level."""
+    with _store(ctx, db, must_exist=True) as store:
+        run_a, run_b = _get(store, a), _get(store, b)
+        chat_a = stored.run_requests(store, a, "chat")
+        chat_b = stored.run_requests(store, b, "chat")
+    result = compare_runs(run_a, run_b, chat_a, chat_b)
+    if fmt == "json":
+        click.echo(json.dumps(result, sort_keys=True, default=str))
+        return
+    if fmt == "table":
+        for line in result["quality_drops"]:
+            click.echo(f"QUALITY: {line}")
+        click.echo(f"B (#{b}) against A (#{a}): what differs")
+        for d in result["differences"] or [{"variable": "(nothing)", "a": "", "b": ""}]:
+            click.echo(f"  {d['variable']}: {d['a']} -> {d['b']}")
+        for w in result["warnings"]:
+            click.echo(f"warning: {w}")
+    emit(result["levels"], COMPARE_COLUMNS, fmt)
