@@ -33,7 +33,7 @@ def test_batch_load_sends_batch_class_requests_and_counts_output():
     assert len({json.dumps(r.json["messages"]) for r in posts}) == len(posts)  # cache-busted
 
 
-def test_bench_command_prints_one_row_per_level():
+def test_bench_command_prints_one_row_per_level(tmp_path):
     with StreamServer(answer="Paris", first_token_delay_s=0.005) as srv:
         out = CliRunner().invoke(
             cli,
@@ -47,6 +47,8 @@ def test_bench_command_prints_one_row_per_level():
                 "1s",
                 "--document-words",
                 "20",
+                "--db",
+                str(tmp_path / "bench.db"),
                 "--json",
             ],
             env={},
