@@ -1,0 +1,68 @@
+"""The real-engine tier for `llm-watchdog bench`: a short run on llama.cpp, and a comparison
+between two launches that differ in one flag (`--parallel`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from llm_watchdog.cli import cli
+from tests.helpers.llamacpp import LlamaServer, Unavailable
+
+pytestmark = pytest.mark.real_engine
+
+
+def bench_once(parallel: int, db) -> dict:
+    try:
+        server = LlamaServer(parallel=parallel)
+    except Unavailable as exc:
+        pytest.fail(f"real engine tier selected but not installed: {exc}")
+    with server:
+        out = CliRunner().invoke(
+            cli,
+            [
+                "bench",
+                "--url",
+                server.url,
+                "--batch-streams",
+                "0,2",
+                "--duration",
+                "8s",
+                "--warmup",
+                "2s",
+                "--document-words",
+                "200",
+                "--cold-start",
+                "none",
+                "--db",
+                str(db),
+                "--json",
+            ],
+            env={},
+            obj={},
+        )
+    assert out.exit_code == 0, out.output
+    return {"levels": [json.loads(x) for x in out.output.splitlines() if x.startswith("{")]}
+
+
+@pytest.mark.timeout(600)
+def test_bench_and_compare_two_launches_name_the_one_flag(tmp_path):
+    db = tmp_path / "bench.db"
+    first = bench_once(4, db)
+    bench_once(1, db)
+    levels = first["levels"]
+    assert [lv["batch_streams"] for lv in levels] == [0, 2]
+    assert all(lv["chat_probes"] > 0 and lv["quality_pass_rate"] >= 0.8 for lv in levels)
+    assert levels[1]["batch_output_unit"] == "tokens" and levels[1]["batch_output_per_s"] > 0
+    assert levels[0]["engine_waiting_mean"] is not None  # llama.cpp's /metrics was read
+    out = CliRunner().invoke(
+        cli, ["bench", "compare", "1", "2", "--db", str(db), "--json"], env={}, obj={}
+    )
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    assert [d["variable"] for d in result["differences"]] == ["launch command --parallel"]
+    assert (result["differences"][0]["a"], result["differences"][0]["b"]) == ("4", "1")
+    assert not any("variables differ" in w for w in result["warnings"])
+    assert len(result["levels"]) == 2
