@@ -69,3 +69,8 @@ def test_per_level_verdict_and_a_quality_drop_first():
     assert by[2]["verdict"] == "faster" and by[2]["chat_p95_diff_high_ms"] < 0
     assert len(out["quality_drops"]) == 1 and "batch 2" in out["quality_drops"][0]
     assert any("nothing differs" in w for w in out["warnings"])
+
+
+def test_a_level_with_few_probes_gets_a_warning():
+    out = compare_runs(run(), run(id=2), rows(0, [100.0] * 10), rows(0, [120.0] * 10))
+    assert any("fewer than 50 right answers at batch 0" in w for w in out["warnings"])

@@ -86,7 +86,8 @@ def test_a_run_is_stored_listed_shown_and_compared(tmp_path):
     cmp = bench("compare", "1", "2", "--db", str(db))
     assert cmp.exit_code == 0, cmp.output
     assert "launch command --parallel: 4 -> 2" in cmp.output
-    assert "warning" not in cmp.output
+    assert "variables differ" not in cmp.output
+    assert "fewer than 50 right answers" in cmp.output
     cmp_json = json.loads(bench("compare", "1", "2", "--db", str(db), "--json").output)
     assert [d["variable"] for d in cmp_json["differences"]] == ["launch command --parallel"]
     assert {lv["verdict"] for lv in cmp_json["levels"]} <= {

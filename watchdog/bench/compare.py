@@ -25,6 +25,10 @@ FIELDS = (
     ("probe_set_hash", "probe set"),
     ("batch_set_hash", "batch set"),
 )
+# Below this many right answers a level's p95 is close to its maximum and the bootstrap
+# interval is too narrow: 10 % false "faster"/"slower" verdicts at 20 probes, none seen from
+# 50 up (tests/benchmarks/bench_bench_power.py, docs/bench.md).
+MIN_PROBES = 50
 # Words of a launch command that say where it listens, not how it runs: two launches on
 # different ports are the same setup.
 ADDRESS_FLAGS = ("--port", "--host", "-p")
@@ -142,11 +146,13 @@ def compare_runs(
     index_b = {lv["batch_streams"]: i for i, lv in enumerate(b.get("levels") or [])}
     levels: list[dict[str, Any]] = []
     quality_drops: list[str] = []
+    short: list[int] = []
     for streams in sorted(set(index_a) & set(index_b)):
         la, lb = a["levels"][index_a[streams]], b["levels"][index_b[streams]]
-        diff = percentile_difference(
-            _ttfts(chat_a, index_a[streams]), _ttfts(chat_b, index_b[streams]), 95
-        )
+        ta, tb = _ttfts(chat_a, index_a[streams]), _ttfts(chat_b, index_b[streams])
+        diff = percentile_difference(ta, tb, 95)
+        if diff is not None and min(len(ta), len(tb)) < MIN_PROBES:
+            short.append(streams)
         qa, qb = la.get("quality_pass_rate"), lb.get("quality_pass_rate")
         row = {
             "batch_streams": streams,
@@ -171,6 +177,13 @@ def compare_runs(
                 "B answers differently, so its speed is not comparable"
             )
         levels.append(row)
+    if short:
+        warnings.append(
+            f"fewer than {MIN_PROBES} right answers at batch "
+            + ", ".join(str(s) for s in short)
+            + ": a p95 from so few is near the maximum and its verdict is not reliable; "
+            "run longer levels"
+        )
     missing = sorted(set(index_a) ^ set(index_b))
     if missing:
         warnings.append(

@@ -236,7 +236,7 @@ def measure_cold_start(
 ) -> dict[str, Any]:
     """The first request after the model was unloaded or the server restarted."""
     if mode == COLD_NONE:
-        return {"mode": COLD_NONE, "measured": False, "note": "none measured (--cold-start none)"}
+        return {"mode": COLD_NONE, "measured": False, "note": "--cold-start none"}
     ready_ms = None
     if mode == COLD_AUTO:
         if engine != "ollama":

@@ -57,13 +57,16 @@ def level_summary(
     chars = sum(int(r.get("output_chars") or 0) for r in ok)
     span = measured_s if measured_s > 0 else None
     out["batch_requests_ok"] = len(ok)
-    if tokens and len(tokens) == len(ok):
+    if not ok:
+        out["batch_output_per_s"] = None
+        out["batch_output_unit"] = None
+    elif tokens and len(tokens) == len(ok):
         out["batch_output_per_s"] = sum(tokens) / span if span else None
         out["batch_output_unit"] = "tokens"
     else:
         # The engine gave no usage counts: characters are all that can be counted.
         out["batch_output_per_s"] = chars / span if span else None
-        out["batch_output_unit"] = "chars" if ok else None
+        out["batch_output_unit"] = "chars"
     out["batch_rejected"] = sum(1 for r in batch if r.get("outcome") == "rejected")
     out["batch_queue_cap_hits"] = sum(1 for r in batch if r.get("outcome") == "queue_cap")
     out["batch_errors"] = sum(1 for r in batch if r.get("outcome") == "error")

@@ -164,7 +164,17 @@ def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
     type=click.IntRange(10),
     help="Size of each synthetic batch document.",
 )
+@click.option(
+    "--batch-max-tokens",
+    type=click.IntRange(1),
+    help="Answer length of each batch request (default: the batch set's, 64).",
+)
 @click.option("--launch-command", help="How the server was started (default: read from /proc).")
+@click.option(
+    "--sim-gpu",
+    metavar="URL",
+    help="Read the GPU of a heat lab (`llm-watchdog sim serve`) at URL instead of NVML.",
+)
 @_db_option
 @click.option("--no-store", is_flag=True, help="Print only; do not store the run.")
 @listing_options
@@ -194,7 +204,9 @@ def _run(
     queue_cap: str | None,
     cold_start: str,
     document_words: int,
+    batch_max_tokens: int | None,
     launch_command: str | None,
+    sim_gpu: str | None,
     db: str | None,
     no_store: bool,
 ) -> None:
@@ -212,6 +224,8 @@ def _run(
         bset = load_batch_set(batch_set) if batch_set else synthetic_batch_set(document_words)
     except BatchSetError as exc:
         raise Fail(str(exc)) from None
+    if batch_max_tokens is not None:
+        bset = replace(bset, max_tokens=batch_max_tokens)
     server = replace(
         settings.server, url=url or settings.server.url, model=model or settings.server.model
     )
@@ -234,7 +248,7 @@ def _run(
         "api": opts.api,
         "first_token_timeout_s": opts.first_token_timeout_s,
     }
-    reader = NvmlReader()
+    reader = NvmlReader(nvml=_sim_nvml(sim_gpu) if sim_gpu else None)
     gpu_ok = reader.start()
     infos = reader.infos() if gpu_ok else []
     fp = build_fingerprint(
@@ -348,6 +362,20 @@ def _run(
         raise Fail(f"interrupted: what was measured is stored as run #{run_id}, marked incomplete")
 
 
+def _sim_nvml(url: str) -> Any:
+    # Imported here: the lab's remote NVML loads pynvml's constants, which only this option
+    # needs.
+    from llm_watchdog.sim.remote import remote_nvml
+
+    try:
+        return remote_nvml(url)
+    except Exception as exc:  # any failure to read the lab is the same advice
+        raise Fail(
+            f"cannot read the heat lab's GPU at {url}/sim/gpu ({type(exc).__name__}): "
+            "is `llm-watchdog sim serve` running there?"
+        ) from None
+
+
 def _launch_command(url: str, configured: str) -> str | list[str] | None:
     if configured != "auto":
         return configured
@@ -386,7 +414,11 @@ class _Display:
             f"# batch {lv['batch_streams']}: chat p95 "
             + (f"{p95:.0f} ms" if p95 is not None else "-")
             + (f", quality {q:.0%}" if q is not None else "")
-            + (f", batch {out:.0f} {lv.get('batch_output_unit')}/s" if out is not None else ""),
+            + (
+                f", batch {out:.0f} {lv['batch_output_unit']}/s"
+                if out is not None and lv.get("batch_output_unit")
+                else ""
+            ),
             err=True,
         )
 
