@@ -288,17 +288,23 @@ def _run(
                 )
         except BaseException as exc:  # handed to the main thread, which reports it
             box["error"] = exc
+        finally:
+            done.set()
 
-    # The run goes on a worker thread so that Ctrl-C reaches this one and sets `stop`.
+    # The run goes on a worker thread so that Ctrl-C reaches this one and sets `stop`. The
+    # wait is on an Event: a Thread.join cut short by KeyboardInterrupt can leave the thread
+    # looking finished while it still runs (CPython gh-90882), and the run would be stored
+    # before its last level.
+    done = threading.Event()
     worker = threading.Thread(target=work, name="bench")
     worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.2)
+        while not done.wait(0.2):
+            pass
     except KeyboardInterrupt:
         click.echo("\nstopping: keeping what was measured …", err=True)
         stop.set()
-        worker.join()
+        done.wait()
     finally:
         reader.stop()
     error = box.get("error")
