@@ -93,3 +93,25 @@ def test_cold_start_command_that_fails_and_auto_without_an_unload(tmp_path):
     assert failed.exit_code == 1 and "cold-start command exited with 3" in failed.output
     assert auto.exit_code == 0, auto.output
     assert "cold start: not measured (llamacpp cannot unload its model" in auto.output
+
+
+def test_auto_cold_start_unloads_an_ollama_model_with_keep_alive_zero(tmp_path):
+    with StreamServer(
+        answer="Paris", engine="ollama", model="qwen3:0.6b", static={"/api/generate": (200, b"{}")}
+    ) as srv:
+        out = CliRunner().invoke(
+            cli,
+            ["bench", "--url", srv.url, "--chat-set", paris_set(tmp_path),
+             "--batch-streams", "0", "--duration", "0.5s",
+             "--db", str(tmp_path / "b.db")],  # fmt: skip
+            env={},
+            obj={},
+        )
+        unloads = [r.json for r in srv.requests if r.path == "/api/generate"]
+        first_chat = next(i for i, r in enumerate(srv.requests) if r.method == "POST"
+                          and r.path != "/api/generate")  # fmt: skip
+        unload_at = next(i for i, r in enumerate(srv.requests) if r.path == "/api/generate")
+    assert out.exit_code == 0, out.output
+    assert unloads == [{"model": "qwen3:0.6b", "keep_alive": 0}]
+    assert unload_at < first_chat
+    assert "cold start (auto): first token" in out.output
