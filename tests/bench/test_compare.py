@@ -74,3 +74,13 @@ def test_per_level_verdict_and_a_quality_drop_first():
 def test_a_level_with_few_probes_gets_a_warning():
     out = compare_runs(run(), run(id=2), rows(0, [100.0] * 10), rows(0, [120.0] * 10))
     assert any("fewer than 50 right answers at batch 0" in w for w in out["warnings"])
+
+
+def test_scheduler_lines_say_what_the_engine_queue_did_or_that_it_said_nothing():
+    la = [{"batch_streams": 4, "engine_queue_ms_mean": 900.0, "quality_pass_rate": 1.0}]
+    lb = [{"batch_streams": 4, "engine_queue_ms_mean": 120.0, "quality_pass_rate": 1.0}]
+    out = compare_runs(run(levels=la), run(id=2, levels=lb), [], [])
+    assert out["scheduler"] == ["batch 4: requests waited 900 ms in the engine's queue in A, "
+                                "120 ms in B"]  # fmt: skip
+    out = compare_runs(run(), run(id=2), [], [])
+    assert "cannot be seen" in out["scheduler"][0]

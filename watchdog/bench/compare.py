@@ -190,6 +190,7 @@ def compare_runs(
             "batch levels measured in only one run: " + ", ".join(str(m) for m in missing)
         )
     return {
+        "scheduler": _scheduler_lines(levels),
         "a": a.get("id"),
         "b": b.get("id"),
         "quality_drops": quality_drops,
@@ -197,3 +198,22 @@ def compare_runs(
         "warnings": warnings,
         "levels": levels,
     }
+
+
+def _scheduler_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the engine's queue did, A against B: whether a priority or class setting
+    changed the scheduler, not only the flag."""
+    out = []
+    for lv in levels:
+        qa, qb = lv.get("engine_queue_a_ms"), lv.get("engine_queue_b_ms")
+        if qa is not None and qb is not None:
+            out.append(
+                f"batch {lv['batch_streams']}: requests waited {qa:.0f} ms in the engine's "
+                f"queue in A, {qb:.0f} ms in B"
+            )
+    if levels and not out:
+        out.append(
+            "the engine reported no queue time in at least one run: whether a priority or class "
+            "setting changed its scheduler cannot be seen from its metrics"
+        )
+    return out

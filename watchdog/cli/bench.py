@@ -532,4 +532,6 @@ def compare_cmd(ctx: click.Context, a: int, b: int, db: str | None, fmt: str) ->
             click.echo(f"  {d['variable']}: {d['a']} -> {d['b']}")
         for w in result["warnings"]:
             click.echo(f"warning: {w}")
+        for line in result["scheduler"]:
+            click.echo(f"scheduler: {line}")
     emit(result["levels"], COMPARE_COLUMNS, fmt)
