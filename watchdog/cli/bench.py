@@ -292,9 +292,9 @@ def _run(
             done.set()
 
     # The run goes on a worker thread so that Ctrl-C reaches this one and sets `stop`. The
-    # wait is on an Event: a Thread.join cut short by KeyboardInterrupt can leave the thread
-    # looking finished while it still runs (CPython gh-90882), and the run would be stored
-    # before its last level.
+    # wait is on an Event the worker sets last: after a Thread.join cut short by Ctrl-C, the
+    # next join returned while the worker was still summing up its level, and the run was
+    # stored without it (tests/cli/test_bench_interrupt.py).
     done = threading.Event()
     worker = threading.Thread(target=work, name="bench")
     worker.start()
