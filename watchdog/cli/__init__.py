@@ -4,7 +4,7 @@
 commands to it when imported, so importing this package builds the whole command line.
 """
 
-from llm_watchdog.cli import history, judge, lab, probe, service  # noqa: F401  (registers)
+from llm_watchdog.cli import headroom, history, judge, lab, probe, service  # noqa: F401  (registers)
 from llm_watchdog.cli.group import cli
 
 
