@@ -34,7 +34,8 @@ def test_states_come_from_clock_temperature_and_reason_bits():
     assert state(sm_clock_mhz=1900.0) == "warm"
     assert state(sm_clock_mhz=1700.0) == "hot"
     assert state(reasons=SW_THERMAL_SLOWDOWN) == "hot"
-    assert state(reasons=SW_POWER_CAP) == "hot"
+    assert state(reasons=SW_POWER_CAP) == "cool"  # a cap that does not slow the clock
+    assert state(reasons=SW_POWER_CAP, sm_clock_mhz=1500.0) == "hot"
     # An idle card's low clock is not heat.
     assert state(sm_clock_mhz=210.0, reasons=GPU_IDLE) == "cool"
     assert state(sm_clock_mhz=None, temp_c=None) == "no-gpu"
@@ -82,7 +83,7 @@ def test_nothing_seen_failing_is_a_lower_bound():
     rows = headroom_map(probes("cool", 0, 40, 0.0, rng) + probes("cool", 4, 40, 0.0, rng), TARGET)
     (row,) = rows
     assert (row.allowance, row.bound) == (4, "at least")
-    assert "more than 4 batch in flight" in row.settle
+    assert "over 4 batch in flight" in row.settle
 
 
 def test_chat_slow_without_batch_means_no_headroom():

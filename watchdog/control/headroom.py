@@ -14,16 +14,19 @@ docs/control.md has the bands and the figures behind them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llm_watchdog.nvml.throttle import GPU_IDLE, THROTTLE_MASK
-from llm_watchdog.stats import binom_sf, quantile
+from llm_watchdog.nvml.throttle import GPU_IDLE, THERMAL_MASK
+from llm_watchdog.stats import binom_sf, normal_cdf, quantile
 
 STATES = ("cool", "warm", "hot", "no-gpu")
-# Bands (docs/control.md): a clock under 90 % of its maximum, or any heat or power reason
-# bit, is hot; under 97 %, or within 15 °C of the slowdown temperature, is warm.
+# Bands (docs/control.md): a clock under 90 % of its maximum, or a thermal slowdown bit, is
+# hot; under 97 %, or within 15 °C of the slowdown temperature, is warm. A power-cap bit alone
+# is not a state: prefill spikes flick it on a cool card, and a cap that holds the clock down
+# shows in the clock.
 HOT_CLOCK_RATIO = 0.90
 WARM_CLOCK_RATIO = 0.97
 WARM_MARGIN_C = 15.0
@@ -54,7 +57,7 @@ def thermal_state(
     if temp_c is None and sm_clock_mhz is None:
         return "no-gpu"
     bits = reasons or 0
-    if bits & THROTTLE_MASK:
+    if bits & THERMAL_MASK:
         return "hot"
     ratio = None
     if sm_clock_mhz is not None and sm_clock_max_mhz and not bits & GPU_IDLE:
@@ -119,6 +122,15 @@ def level_of(inflight: int) -> tuple[int, int]:
     return LEVELS[-1]
 
 
+def _sf(k: int, n: int, p: float) -> float:
+    """P(X ≥ k), X ~ Binomial(n, p): exact for small n, the normal approximation (with
+    continuity correction) beyond, where the exact sum overflows floats."""
+    if n <= 400:
+        return binom_sf(k, n, p)
+    sd = math.sqrt(n * p * (1.0 - p))
+    return 1.0 - normal_cdf((k - 0.5 - n * p) / sd)
+
+
 def _verdict(n: int, over: int) -> tuple[str, bool]:
     """holds / fails / unsure, and whether the data rule out the other reading.
 
@@ -129,9 +141,9 @@ def _verdict(n: int, over: int) -> tuple[str, bool]:
     if n < MIN_GROUP:
         return "unsure", False
     if over <= EXCEED_SHARE * n:
-        p_as_few = 1.0 - binom_sf(over + 1, n, 2 * EXCEED_SHARE)
+        p_as_few = 1.0 - _sf(over + 1, n, 2 * EXCEED_SHARE)
         return "holds", p_as_few < SURE_RISK
-    return "fails", binom_sf(over, n, EXCEED_SHARE) < SURE_RISK
+    return "fails", _sf(over, n, EXCEED_SHARE) < SURE_RISK
 
 
 def groups_of(obs: Sequence[Observation], target_ms: float) -> tuple[Group, ...]:
@@ -146,55 +158,62 @@ def groups_of(obs: Sequence[Observation], target_ms: float) -> tuple[Group, ...]
     return tuple(out)
 
 
-def decide_row(state: str, groups: Sequence[Group], unit: str = "probes") -> StateRow:
+def _span(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def decide_row(
+    state: str,
+    groups: Sequence[Group],
+    unit: str = "probes",
+    load: str = "with {} batch in flight",
+) -> StateRow:
     """A state's answer from its groups (ascending): the top of the highest group that holds
-    below the first that fails."""
+    below the first that fails. `load` words a group's load for the settle hint."""
     n = sum(g.n for g in groups)
     told = [g for g in groups if g.verdict != "unsure"]
     first_fail = next((g for g in told if g.verdict == "fails"), None)
     passing = [
         g for g in told if g.verdict == "holds" and (first_fail is None or g.hi < first_fail.lo)
     ]
+
+    def row(allowance: int | None, bound: str, confidence: str, settle: str) -> StateRow:
+        return StateRow(state, n, allowance, bound, confidence, settle, unit)
+
     if not told:
         most = max(groups, key=lambda g: g.n, default=None)
-        where = (
-            f" with {most.lo}–{most.hi} batch in flight"
-            if most and most.hi > most.lo
-            else (f" with {most.lo} batch in flight" if most else "")
+        if most is None:
+            return row(None, "none", "not enough data", f"{MIN_GROUP} {unit} while {state}")
+        where = load.format(_span(most.lo, most.hi))
+        return row(
+            None,
+            "none",
+            "not enough data",
+            f"{MIN_GROUP - most.n} more {unit} {where} while {state}",
         )
-        return StateRow(
-            state, n, None, "none", "not enough data",
-            f"{MIN_GROUP - (most.n if most else 0)} more {unit}{where} while {state}", unit,
-        )  # fmt: skip
     if not passing:
         assert first_fail is not None
-        cap = max(0, first_fail.lo - 1)
         if first_fail.lo == 0:
-            return StateRow(
-                state, n, 0, "exact", "sure" if first_fail.sure else "likely",
-                "" if first_fail.sure else f"more {unit} with no batch while {state}", unit,
-            )  # fmt: skip
-        return StateRow(
-            state, n, cap, "at most", "likely",
-            f"{MIN_GROUP} {unit} with {cap} or fewer batch in flight while {state}", unit,
-        )  # fmt: skip
+            settle = "" if first_fail.sure else f"more {unit} {load.format(0)} while {state}"
+            return row(0, "exact", "sure" if first_fail.sure else "likely", settle)
+        cap = first_fail.lo - 1
+        return row(cap, "at most", "likely", f"{unit} {load.format(_span(0, cap))} while {state}")
     best = passing[-1]
     if first_fail is None:
-        return StateRow(
-            state, n, best.hi if best.hi < LEVELS[-1][1] else best.lo, "at least",
-            "likely",
-            f"{unit} with more than {best.hi} batch in flight while {state} "
-            "(nothing above it was seen failing)", unit,
+        top = best.hi if best.hi < LEVELS[-1][1] else best.lo
+        return row(
+            top, "at least", "likely",
+            f"{unit} {load.format(f'over {best.hi}')} while {state} (none above was seen failing)",
         )  # fmt: skip
     sure = best.sure and first_fail.sure
-    gap = first_fail.lo - best.hi > 1
     settle = ""
     if not sure:
         weak = best if not best.sure else first_fail
-        settle = f"more {unit} with {weak.lo}–{weak.hi} batch in flight while {state}"
-    elif gap:
-        settle = f"{unit} with {best.hi + 1}–{first_fail.lo - 1} batch in flight while {state}"
-    return StateRow(state, n, best.hi, "exact", "sure" if sure else "likely", settle, unit)
+        settle = f"more {unit} {load.format(_span(weak.lo, weak.hi))} while {state}"
+    elif first_fail.lo - best.hi > 1:
+        gap = _span(best.hi + 1, first_fail.lo - 1)
+        settle = f"{unit} {load.format(gap)} while {state}"
+    return row(best.hi, "exact", "sure" if sure else "likely", settle)
 
 
 def headroom_map(
