@@ -216,6 +216,11 @@ def design_law(config: ControlConfig) -> ControlConfig:
         slot_reserve=0.0,
         slot_margin=-1,
         serving_ramps=False,
+        grow_to_demand=False,
+        max_grows_per_h=0.0,
+        surge_heat_factor=1.0,
+        surge_cap_retest_s=0.0,
+        headroom=False,
     )
 
 
@@ -342,6 +347,7 @@ class AllowanceController:
         self.map_state: str | None = None  # the thermal state that has held dwell_s
         self.map_candidate: tuple[str, float] | None = None  # (state, since)
         self.map_grow_to: int | None = None  # the cooler state's row, until reached
+        self.map_grow_row: str | None = None  # ... and that row, as text
         self.map_used: str | None = None  # the row the last map decision used
 
     # -- what came in ----------------------------------------------------------------------
@@ -567,6 +573,8 @@ class AllowanceController:
             kind, after, why = self._grow(level, est, inp, throttled)
         if after > level:
             self.grow_times.append(inp.now_s)
+            if kind == "grow" and self.map_used is not None:
+                why += f"; headroom row: {self.map_used}"
         if after < level:
             self.map_grow_to = None
             self.last_cut_s = inp.now_s
@@ -646,6 +654,7 @@ class AllowanceController:
             # The card has cooled into a state the map knows: back to what it takes there in
             # one write; the serving layer's ramp lets it in a request at a time.
             after = max(after, min(self.map_grow_to, hard_limit))
+            self.map_used = self.map_grow_row
             if after >= self.map_grow_to:
                 self.map_grow_to = None
         if after <= level:
@@ -709,7 +718,10 @@ class AllowanceController:
             return None
         if row.bound in ("exact", "at least") and row.allowance > level:
             self.map_grow_to = row.allowance
-            self.map_used = describe(row)
+            self.map_grow_row = self.map_used = describe(row)
+            # The card is cooler than when the ceiling froze, and the map knows this state.
+            self.frozen_ceiling = None
+            self.settled_since_s = None
         return None
 
     def _chat_as_usual(self, inp: ControlInput) -> bool:

@@ -89,6 +89,11 @@ ADDITIONS = (
     "slot_reserve",
     "slot_margin",
     "serving_ramps",
+    "grow_to_demand",
+    "max_grows_per_h",
+    "surge_heat_factor",
+    "surge_cap_retest_s",
+    "headroom",
 )
 
 
