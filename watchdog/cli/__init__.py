@@ -4,7 +4,16 @@
 commands to it when imported, so importing this package builds the whole command line.
 """
 
-from llm_watchdog.cli import bench, history, judge, lab, probe, service  # noqa: F401  (registers)
+# Each import registers its commands on the group.
+from llm_watchdog.cli import (  # noqa: F401
+    bench,
+    headroom,
+    history,
+    judge,
+    lab,
+    probe,
+    service,
+)
 from llm_watchdog.cli.group import cli
 
 

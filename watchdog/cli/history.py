@@ -14,6 +14,7 @@ from llm_watchdog.cli.group import (
     settings_from,
     when_arg,
 )
+from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.nvml.throttle import reason_names
@@ -42,6 +43,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
         open_events = [e for e in events(store) if e["end_ts"] is None]
+        room_line, room = status_line(store, settings.control.target_p95_s * 1000.0, time.time())
     data = {
         "database": settings.storage.path,
         "last_probe": last,
@@ -49,6 +51,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "fingerprint": fp,
         "baseline": baseline,
         "open_events": open_events,
+        "headroom": room,
     }
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2))
@@ -87,6 +90,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         )
     else:
         click.echo("baseline     none yet (learned from the first warm probes)")
+    click.echo(f"headroom     {room_line}")
     for e in open_events:
         click.echo(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
 

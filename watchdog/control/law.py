@@ -83,6 +83,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llm_watchdog.control.headroom import (
+    STATES,
+    Observation,
+    StateRow,
+    describe,
+    headroom_map,
+    thermal_state,
+)
 from llm_watchdog.control.signals import LogEwma, SurgeDetector
 from llm_watchdog.nvml.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reason_names
 from llm_watchdog.stats import quantile
@@ -134,6 +142,13 @@ class ControlConfig:
     engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
     slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8); -1: off
+    grow_to_demand: bool = True  # never grow past batch in flight + queued (where known)
+    max_grows_per_h: float = 30.0  # grows in any hour; cuts are never held back; 0: off
+    surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
+    surge_cap_retest_s: float = 1200.0  # a surge cap whose conditions are gone this long goes
+    headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
+    headroom_dwell_s: float = 10.0  # a thermal state counts once it has held this long
+    headroom_memory_s: float = 4 * 3600.0  # samples the map is learned from
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -168,7 +183,17 @@ class ControlConfig:
         )
         need(self.slot_reserve >= 0, f"slot_reserve must be ≥ 0, got {self.slot_reserve}")
         need(self.slot_margin >= -1, f"slot_margin must be ≥ 0 (-1: off), got {self.slot_margin}")
-        for name in ("drain_time_s", "grow_cooldown_s", "freeze_release_s", "window_s"):
+        need(self.max_grows_per_h >= 0, f"max_grows_per_h must be ≥ 0, got {self.max_grows_per_h}")
+        need(self.surge_heat_factor >= 1, "surge_heat_factor must be ≥ 1")
+        for name in (
+            "drain_time_s",
+            "grow_cooldown_s",
+            "freeze_release_s",
+            "window_s",
+            "surge_cap_retest_s",
+            "headroom_dwell_s",
+            "headroom_memory_s",
+        ):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
 
@@ -191,6 +216,11 @@ def design_law(config: ControlConfig) -> ControlConfig:
         slot_reserve=0.0,
         slot_margin=-1,
         serving_ramps=False,
+        grow_to_demand=False,
+        max_grows_per_h=0.0,
+        surge_heat_factor=1.0,
+        surge_cap_retest_s=0.0,
+        headroom=False,
     )
 
 
@@ -201,6 +231,19 @@ class GpuState:
     throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask
     sm_clock_mhz: float | None = None
     sm_clock_max_mhz: float | None = None
+    temp_c: float | None = None
+    temp_slowdown_c: float | None = None
+
+    @property
+    def state(self) -> str:
+        """The headroom map's thermal state (cool, warm, hot) of this reading."""
+        return thermal_state(
+            sm_clock_mhz=self.sm_clock_mhz,
+            sm_clock_max_mhz=self.sm_clock_max_mhz,
+            temp_c=self.temp_c,
+            temp_slowdown_c=self.temp_slowdown_c,
+            reasons=self.throttle_reasons,
+        )
 
     @property
     def clock_ratio(self) -> float | None:
@@ -227,6 +270,7 @@ class ControlInput:
     # the burst itself builds); chat in flight holds engine slots batch cannot take.
     chat_arrivals: int | None = None  # chat requests that arrived since the last step
     chat_inflight: int | None = None  # chat requests at the serving layer, not yet finished
+    batch_queued: int | None = None  # batch requests waiting at the serving layer for room
 
 
 @dataclass(frozen=True)
@@ -293,6 +337,18 @@ class AllowanceController:
         self.regrow_to: int | None = None  # the level a met surge was shed from
         self.regrow_at_once = False  # ... in one write (`serving_ramps`)
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
+        self.grow_times: deque[float] = deque()  # when each grow of the last hour was
+        # The card when the surge cap was learned (thermal bit, clock ratio), and since when
+        # it has been cooler than that: the cap is re-tested once that has lasted.
+        self.surge_cap_heat: tuple[bool, float | None] | None = None
+        self.surge_cap_gone_since: float | None = None
+        # The headroom map: (now_s, TTFT, batch in flight, state) of the last hours' chat.
+        self.map_samples: deque[tuple[float, float, int, str]] = deque()
+        self.map_state: str | None = None  # the thermal state that has held dwell_s
+        self.map_candidate: tuple[str, float] | None = None  # (state, since)
+        self.map_grow_to: int | None = None  # the cooler state's row, until reached
+        self.map_grow_row: str | None = None  # ... and that row, as text
+        self.map_used: str | None = None  # the row the last map decision used
 
     # -- what came in ----------------------------------------------------------------------
 
@@ -382,6 +438,11 @@ class AllowanceController:
             if seen > c.target_p95_ms and self.surge_onset > c.floor:
                 cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
+                gpu = inp.gpu
+                self.surge_cap_heat = (
+                    None if gpu is None else (gpu.has(THERMAL_MASK), gpu.clock_ratio)
+                )
+                self.surge_cap_gone_since = None
                 self.surge_cap_ratio = max(self.surge_cap_ratio, self.surge_peak)
             elif (
                 self.surge_cap is not None
@@ -422,6 +483,12 @@ class AllowanceController:
         dt = 0.0 if self.last_now_s is None else max(0.0, inp.now_s - self.last_now_s)
         self.last_now_s = inp.now_s
         surge = self._surge(inp, level, values, dt)
+        heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
+        self._retest_surge_cap(inp, heat_now)
+        moved = self._map_observe(inp, values)
+        map_cut: StateRow | None = None
+        if moved is not None:
+            map_cut = self._map_move(moved, level)
         if inp.chat_inflight is not None and not surge:
             # The usual chat concurrency, learned outside surges over the same time as the
             # usual arrival rate: what a burst multiplies.
@@ -436,6 +503,13 @@ class AllowanceController:
             if not surge or self.surge_base is None
             else max(c.floor, math.floor(self.surge_base / surge))
         )
+        # A card in thermal slowdown serves chat slower, and a slower engine holds chat
+        # longer: arrivals then need a clearer surge to be read as load rather than heat.
+        heat_not_load = (
+            shed_to is not None and heat_now and surge < c.surge_ratio * c.surge_heat_factor
+        )
+        if heat_not_load:
+            shed_to = None
         # A cut acts on what runs: an allowance above the batch requests in flight is room
         # nobody uses, and cutting only that changes nothing for chat.
         running = (
@@ -470,6 +544,12 @@ class AllowanceController:
         elif slot_room is not None and level > slot_room and running > slot_room:
             kind, after, load_cut = "cut", slot_room, True
             why = f"chat holds {inp.chat_inflight} of the engine's {c.engine_slots} slots"
+        elif map_cut is not None and map_cut.allowance is not None and running > map_cut.allowance:
+            # Ahead of time: the card has moved into a hotter state, and the map says what
+            # that state takes; cut before chat slows, not after.
+            kind, after = "cut", max(c.floor, map_cut.allowance)
+            self.map_used = describe(map_cut)
+            why = f"the card is now {map_cut.state}; headroom row: {self.map_used}"
         elif shed_to is not None and level > shed_to:
             # Little's law: chat's share of the engine grows with its arrival rate; shed
             # batch in proportion before the queue shows it.
@@ -487,9 +567,16 @@ class AllowanceController:
             why = f"p95≈{est:.0f} ms low, in cooldown after the last change"
         elif surge:
             why = "chat still arriving faster than usual: no probing upward"
+        elif heat_not_load:
+            why = "chat arrivals up under a thermal slowdown: read as heat, not load"
         else:
             kind, after, why = self._grow(level, est, inp, throttled)
+        if after > level:
+            self.grow_times.append(inp.now_s)
+            if kind == "grow" and self.map_used is not None:
+                why += f"; headroom row: {self.map_used}"
         if after < level:
+            self.map_grow_to = None
             self.last_cut_s = inp.now_s
             if not load_cut:
                 self.regrow_to = None
@@ -507,6 +594,9 @@ class AllowanceController:
         self.allowance = after
         head = f"{kind} {before} → {after}" if after != before else f"{kind} {after}"
         inputs = self._inputs(inp, est, worst, throttled, drop, surge)
+        inputs["thermal_state"] = self.map_state
+        inputs["headroom_row"] = self.map_used
+        self.map_used = None
         return ControlAction(inp.now_s, before, after, f"{head}: {why}", inputs, est, kind)
 
     def _grow(
@@ -531,7 +621,21 @@ class AllowanceController:
             room = c.engine_slots - math.ceil(c.slot_reserve * self.chat_usual)
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots a chat burst needs"
+        if c.grow_to_demand and inp.batch_inflight is not None and inp.batch_queued is not None:
+            # Room the batch job does not ask for buys nothing and lets a burst of it in.
+            demand = inp.batch_inflight + inp.batch_queued
+            if demand < limit:
+                limit, why_limit = max(c.floor, demand), f"the batch job's demand {demand}"
         hard_limit = limit
+        if c.max_grows_per_h > 0:
+            while self.grow_times and self.grow_times[0] <= inp.now_s - 3600.0:
+                self.grow_times.popleft()
+            if len(self.grow_times) >= c.max_grows_per_h:
+                return (
+                    "hold",
+                    level,
+                    f"p95≈{est:.0f} ms low, {len(self.grow_times)} grows this hour",
+                )
         if c.app_limited_headroom > 0 and inp.batch_inflight is not None:
             used = inp.batch_inflight + c.app_limited_headroom
             if used < limit:
@@ -546,10 +650,79 @@ class AllowanceController:
             # The serving layer lets them in a request at a time: no prefill stampede for
             # the headroom to pace, and one write instead of a step every cooldown.
             after = min(self.regrow_to, hard_limit)
+        if self.map_grow_to is not None and self.map_grow_to > level:
+            # The card has cooled into a state the map knows: back to what it takes there in
+            # one write; the serving layer's ramp lets it in a request at a time.
+            after = max(after, min(self.map_grow_to, hard_limit))
+            self.map_used = self.map_grow_row
+            if after >= self.map_grow_to:
+                self.map_grow_to = None
         if after <= level:
             kind = "freeze" if limit == self.frozen_ceiling else "hold"
             return kind, level, f"p95≈{est:.0f} ms low, held at {why_limit}"
         return "grow", after, f"p95≈{est:.0f} ms < {c.grow_ratio:g}×T"
+
+    def _retest_surge_cap(self, inp: ControlInput, heat_now: bool) -> None:
+        """Drop a learned surge cap once the card has been cooler than when it was learned
+        for `surge_cap_retest_s`: the next surge then judges it anew."""
+        c = self.config
+        if self.surge_cap is None or self.surge_cap_heat is None or c.surge_cap_retest_s <= 0:
+            return
+        was_hot, was_ratio = self.surge_cap_heat
+        ratio = None if inp.gpu is None else inp.gpu.clock_ratio
+        cooler = (was_hot and not heat_now) or (
+            ratio is not None and was_ratio is not None and ratio >= was_ratio + 0.02
+        )
+        if not cooler:
+            self.surge_cap_gone_since = None
+            return
+        if self.surge_cap_gone_since is None:
+            self.surge_cap_gone_since = inp.now_s
+        elif inp.now_s - self.surge_cap_gone_since >= c.surge_cap_retest_s:
+            self.surge_cap = None
+            self.surge_cap_heat = None
+            self.surge_cap_gone_since = None
+
+    def _map_observe(self, inp: ControlInput, values: list[float]) -> tuple[str, str] | None:
+        """Keep the map's samples; return (from, to) when the thermal state has moved."""
+        c = self.config
+        if not c.headroom or inp.gpu is None:
+            return None
+        state = inp.gpu.state
+        if inp.batch_inflight is not None:
+            self.map_samples.extend((inp.now_s, v, inp.batch_inflight, state) for v in values)
+        while self.map_samples and self.map_samples[0][0] < inp.now_s - c.headroom_memory_s:
+            self.map_samples.popleft()
+        if self.map_candidate is None or self.map_candidate[0] != state:
+            self.map_candidate = (state, inp.now_s)
+        if state == self.map_state or inp.now_s - self.map_candidate[1] < c.headroom_dwell_s:
+            return None
+        before, self.map_state = self.map_state, state
+        return None if before is None else (before, state)
+
+    def _map_move(self, moved: tuple[str, str], level: int) -> StateRow | None:
+        """On a move to a hotter state, the row to cut to; on a move to a cooler one, set
+        what to grow back to. Only rows the map is sure or fairly sure of count."""
+        before, after = moved
+        if before not in STATES or after not in STATES:
+            return None
+        obs = [Observation(v, n, st) for _, v, n, st in self.map_samples]
+        row = next(
+            (r for r in headroom_map(obs, self.config.target_p95_ms) if r.state == after), None
+        )
+        if row is None or row.allowance is None or row.confidence == "not enough data":
+            return None
+        if STATES.index(after) > STATES.index(before):
+            if row.bound in ("exact", "at most") and row.allowance < level:
+                return row
+            return None
+        if row.bound in ("exact", "at least") and row.allowance > level:
+            self.map_grow_to = row.allowance
+            self.map_grow_row = self.map_used = describe(row)
+            # The card is cooler than when the ceiling froze, and the map knows this state.
+            self.frozen_ceiling = None
+            self.settled_since_s = None
+        return None
 
     def _chat_as_usual(self, inp: ControlInput) -> bool:
         """Chat arrives and runs as usual again: the surge is over, not just learned as usual.

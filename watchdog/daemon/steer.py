@@ -175,16 +175,22 @@ class Steer:
         self._verify_due(now_s)
         try:
             rb = self.actuator.read_back()
-            in_force, inflight = rb.allowance, rb.inflight
+            in_force, inflight, queued = rb.allowance, rb.inflight, rb.queued
             self.inflight = inflight
             self._serving_ramps(rb.ramp_per_s)
         except ActuatorError as exc:
             log.warning("cannot read the batch allowance: %s", exc)
-            in_force, inflight = self.allowance, None
+            in_force, inflight, queued = self.allowance, None, None
         ttfts, failed, arrivals, chat_inflight = self._chat_seen()
         g = self._gpu
         gpu = (
-            GpuState(g.throttle_reasons, g.sm_clock_mhz, g.sm_clock_max_mhz)
+            GpuState(
+                g.throttle_reasons,
+                g.sm_clock_mhz,
+                g.sm_clock_max_mhz,
+                temp_c=g.temp_c,
+                temp_slowdown_c=g.temp_slowdown_c,
+            )
             if g is not None
             else None
         )
@@ -198,6 +204,7 @@ class Steer:
                 allowance=in_force,
                 chat_arrivals=arrivals,
                 chat_inflight=chat_inflight,
+                batch_queued=queued,
             )
         )
         self.last_action = action

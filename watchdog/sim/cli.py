@@ -2,26 +2,36 @@
 
     sim serve --scenario consumer-warm-room --time-scale 20     real time, real sockets
     sim run   --scenario consumer-warm-room --duration 2h --controller static:4
-    sim sweep --scenario consumer-warm-room                     allowance → chat p95 cool/hot
+    sim sweep --scenario consumer-warm-room                     static allowance, per state
 
 A thin layer: the work is in server.py (SimLab) and virtual.py (run_virtual).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
-from typing import Any
 
 import click
 
+from llm_watchdog.control.headroom import (
+    STATES,
+    Group,
+    StateRow,
+    decide_row,
+    describe,
+    thermal_state,
+)
 from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.errors import EX_CONFIG
+from llm_watchdog.nvml.throttle import GPU_IDLE
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
 from llm_watchdog.sim.server import LabError, SimLab
-from llm_watchdog.sim.virtual import RunResult, run_virtual
+from llm_watchdog.sim.virtual import MinuteRow, RunResult, run_virtual
+from llm_watchdog.stats import quantile
 
 
 def _scenario(name: str) -> Scenario:
@@ -200,41 +210,108 @@ def sweep_points(streams: int) -> list[int]:
     return sorted(points)
 
 
-def run_sweep(
-    sc: Scenario, duration_s: float, allowances: list[int], seed: int = 0
-) -> list[dict[str, Any]]:
-    """Per static allowance: chat p95 and batch throughput with the card cool and hot.
+def peak_demand(sc: Scenario) -> int:
+    """The most batch streams the job wants at any time of the scenario: a job that starts
+    late, or grows, is swept up to what it grows to, not what it starts with."""
+    later = [e.batch_streams for e in sc.schedule if e.batch_streams is not None]
+    return max([sc.batch.streams, *later])
 
-    Cool: the card held at its starting temperature (first 2 minutes left out). Hot: the
-    card's physics on, judged over the second half of the run, once it has heated.
-    """
+
+SWEEP_WARMUP_S = 120.0
+SWEEP_ATTAINMENT = 0.99  # the SLO: chat p95 within target in this share of one-minute windows
+MIN_STATE_WINDOWS = 5  # windows a state needs in a run before that run says anything of it
+
+
+def window_state(m: MinuteRow, sc: Scenario) -> str:
+    """The thermal state of one lab window, read as the daemon reads a probe's GPU sample."""
+    return thermal_state(
+        sm_clock_mhz=m.sm_clock_mhz,
+        sm_clock_max_mhz=sc.gpu.sm_clock_max_mhz,
+        temp_c=m.temp_c,
+        temp_slowdown_c=sc.gpu.temp_slowdown_c,
+        reasons=m.reasons & ~GPU_IDLE,  # the window's clock is the one a kernel got
+    )
+
+
+def meets(r: RunResult) -> bool:
+    return r.slo_attainment is None or r.slo_attainment >= SWEEP_ATTAINMENT
+
+
+def run_static(sc: Scenario, allowance: int, duration_s: float | None, seed: int) -> RunResult:
+    """One static allowance over the scenario, judged on one-minute windows as `sim run` and
+    the benchmark judge it."""
+    return run_virtual(sc, duration_s, f"static:{allowance}", seed=seed, warmup_s=SWEEP_WARMUP_S)
+
+
+def find_static(
+    sc: Scenario,
+    points: list[int],
+    duration_s: float | None = None,
+    seed: int = 0,
+    *,
+    bisect: bool = True,
+) -> tuple[int | None, dict[int, RunResult]]:
+    """The largest of `points` whose static run meets the SLO in ≥ 99 % of windows, and every
+    run made. bisect: assume more batch never helps chat and halve the interval (about
+    log2(len(points)) + 2 runs); the answer is always a run that met it. None: chat misses
+    the target even with the smallest point."""
+    runs: dict[int, RunResult] = {}
+
+    def ok(i: int) -> bool:
+        n = points[i]
+        if n not in runs:
+            runs[n] = run_static(sc, n, duration_s, seed)
+        return meets(runs[n])
+
+    if not bisect:
+        good = [p for i, p in enumerate(points) if ok(i)]
+        return (max(good) if good else None), runs
+    lo, hi = 0, len(points) - 1
+    if ok(hi):
+        return points[hi], runs
+    if not ok(lo):
+        return None, runs
+    while hi - lo > 1:  # points[lo] meets it, points[hi] does not
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return points[lo], runs
+
+
+def state_groups(sc: Scenario, runs: dict[int, RunResult]) -> dict[str, list[Group]]:
+    """Per thermal state, one group per static allowance run: the windows spent in that
+    state and how many of them met the target (a group holds at ≥ 99 %)."""
+    out: dict[str, list[Group]] = {}
+    for allowance, r in sorted(runs.items()):
+        by: dict[str, list[float]] = {}
+        for m in r.minutes:
+            if m.t_s < r.warmup_s or m.chat_p95_ms is None:
+                continue
+            by.setdefault(window_state(m, sc), []).append(m.chat_p95_ms)
+        for state, p95s in by.items():
+            over = sum(1 for v in p95s if v > r.slo_ttft_ms)
+            n = len(p95s)
+            if n < MIN_STATE_WINDOWS:
+                verdict = "unsure"
+            else:
+                verdict = "holds" if over <= (1 - SWEEP_ATTAINMENT) * n else "fails"
+            group = Group(allowance, allowance, n, over, quantile(p95s, 0.99), verdict, True)
+            out.setdefault(state, []).append(group)
+    return out
+
+
+def sweep_rows(sc: Scenario, runs: dict[int, RunResult]) -> list[StateRow]:
+    """The sweep's answer in `headroom`'s form: per thermal state, the static allowance whose
+    windows in that state met the target, with the windows behind it."""
+    groups = state_groups(sc, runs)
     rows = []
-    for n in allowances:
-        cool = run_virtual(sc, duration_s, f"static:{n}", seed=seed, thermal=False, warmup_s=120.0)
-        hot = run_virtual(sc, duration_s, f"static:{n}", seed=seed, warmup_s=duration_s / 2)
-        rows.append(
-            {
-                "allowance": n,
-                "cool_chat_p95_ms": cool.chat_ttft_p95_ms,
-                "cool_slo_attainment": cool.slo_attainment,
-                "cool_batch_tokens_per_s": round(cool.batch_tokens_per_s, 2),
-                "hot_chat_p95_ms": hot.chat_ttft_p95_ms,
-                "hot_slo_attainment": hot.slo_attainment,
-                "hot_batch_tokens_per_s": round(hot.batch_tokens_per_s, 2),
-                "hot_peak_temp_c": hot.peak_temp_c,
-                "hot_throttled_s": round(hot.throttled_s, 1),
-            }
-        )
+    for state in STATES:
+        if state in groups:
+            row = decide_row(state, groups[state], "windows", "at static allowance {}")
+            rows.append(dataclasses.replace(row, groups=tuple(groups[state])))
     return rows
-
-
-def best_allowance(rows: list[dict[str, Any]], which: str, slo: float) -> int | None:
-    ok = [
-        r["allowance"]
-        for r in rows
-        if r[f"{which}_chat_p95_ms"] is not None and r[f"{which}_chat_p95_ms"] <= slo
-    ]
-    return max(ok) if ok else None
 
 
 @sim.command()
@@ -242,19 +319,25 @@ def best_allowance(rows: list[dict[str, Any]], which: str, slo: float) -> int | 
 @click.option(
     "--duration",
     callback=_duration,
-    default="30m",
-    show_default=True,
-    help="Simulated time per run (two runs per allowance).",
+    default=None,
+    help="Simulated time per run (default: the scenario's, through every event).",
 )
 @click.option(
     "--allowances",
     default=None,
-    help="Comma-separated allowances (default: 0, 1, 2, 4 … up to the demand).",
+    help="Comma-separated allowances, each run (default: 0, 1, 2, 4 … up to the peak "
+    "demand, bisected).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per allowance.")
-def sweep(scenario: str, duration: float, allowances: str | None, seed: int, as_json: bool) -> None:
-    """How much batch the card can take cool and hot: static allowance → chat p95."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run, then the answer.")
+def sweep(
+    scenario: str, duration: float | None, allowances: str | None, seed: int, as_json: bool
+) -> None:
+    """The static allowance this card holds the SLO at, and per thermal state what it takes.
+
+    Each allowance runs as static over the whole scenario with the card's physics on and is
+    judged on one-minute windows, as the SLO is.
+    """
     sc = _scenario(scenario)
     if allowances:
         try:
@@ -263,37 +346,86 @@ def sweep(scenario: str, duration: float, allowances: str | None, seed: int, as_
             raise click.BadParameter(
                 "give whole numbers like 0,2,4,8", param_hint="--allowances"
             ) from exc
-        if any(p < 0 for p in points):
+        if any(p < 0 for p in points) or not points:
             raise click.BadParameter("allowances must be ≥ 0", param_hint="--allowances")
     else:
-        points = sweep_points(sc.batch.streams)
-    rows = run_sweep(sc, duration, points, seed)
-    if as_json:
-        for row in rows:
-            click.echo(json.dumps(row))
-        return
+        points = sweep_points(peak_demand(sc))
+    if duration is not None:
+        last = max((e.at_s for e in sc.schedule), default=0.0)
+        if duration <= last:
+            click.echo(
+                f"note: --duration {format_duration(duration)} ends before the schedule's "
+                f"last event at {format_duration(last)}; the answer does not cover it",
+                err=True,
+            )
+    answer, runs = find_static(sc, points, duration, seed, bisect=not allowances)
+    rows = sweep_rows(sc, runs)
     slo = sc.slo_chat_ttft_p95_ms
-    click.echo(
-        f"scenario {sc.name}: chat p95 TTFT target {slo:,.0f} ms, "
-        f"{format_duration(duration)} per run"
-    )
-    click.echo(
-        f"{'allowance':>9}  {'cool p95':>10}  {'hot p95':>10}  {'cool tok/s':>10}  "
-        f"{'hot tok/s':>10}  {'hot peak':>8}"
-    )
-    for r in rows:
+    if as_json:
+        for n, r in sorted(runs.items()):
+            click.echo(
+                json.dumps(
+                    {
+                        "allowance": n,
+                        "slo_attainment": r.slo_attainment,
+                        "slo_windows": r.slo_windows,
+                        "chat_p95_ms": r.chat_ttft_p95_ms,
+                        "batch_tokens_per_s": round(r.batch_tokens_per_s, 2),
+                        "peak_temp_c": r.peak_temp_c,
+                        "throttled_s": round(r.throttled_s, 1),
+                    }
+                )
+            )
         click.echo(
-            f"{r['allowance']:>9}  {_ms(r['cool_chat_p95_ms']):>10}  "
-            f"{_ms(r['hot_chat_p95_ms']):>10}  "
-            f"{r['cool_batch_tokens_per_s']:>10,.1f}  {r['hot_batch_tokens_per_s']:>10,.1f}  "
-            f"{r['hot_peak_temp_c']:>6.1f} °C"
+            json.dumps(
+                {
+                    "static_allowance": answer,
+                    "states": [row.to_dict() for row in rows],
+                    "target_ms": slo,
+                }
+            )
         )
-    cool, hot = best_allowance(rows, "cool", slo), best_allowance(rows, "hot", slo)
-    click.echo(f"largest allowance within the target: cool {cool}, hot {hot}")
-    if cool is not None and hot is not None and hot < cool:
-        click.echo(f"once hot, this card needs {cool - hot} fewer batch streams to keep chat fast")
-    elif cool is not None and hot is not None:
-        click.echo("heat does not change the allowance this card can take")
+        return
+    span = duration if duration is not None else sc.duration_s
+    click.echo(
+        f"scenario {sc.name}: chat p95 TTFT target {slo:,.0f} ms in ≥ 99 % of one-minute "
+        f"windows, {format_duration(span)} per run, batch demand up to {peak_demand(sc)}"
+    )
+    click.echo(
+        f"{'allowance':>9}  {'windows':>8}  {'cool p95':>10}  {'warm p95':>10}  "
+        f"{'hot p95':>10}  {'tok/s':>8}  {'peak':>8}"
+    )
+    groups = state_groups(sc, runs)
+
+    def p99(state: str, n: int) -> str:
+        g = next((g for g in groups.get(state, []) if g.lo == n), None)
+        return "-" if g is None else _ms(g.p95_ms)
+
+    for n, r in sorted(runs.items()):
+        att = "-" if r.slo_attainment is None else f"{100 * r.slo_attainment:.1f} %"
+        click.echo(
+            f"{n:>9}  {att:>8}  {p99('cool', n):>10}  {p99('warm', n):>10}  {p99('hot', n):>10}"
+            f"  {r.batch_tokens_per_s:>8,.1f}  {r.peak_temp_c:>5.1f} °C"
+        )
+    click.echo("(per state: the chat p95 that 99 % of its one-minute windows stayed under)")
+    click.echo("state   allowance  (confidence, windows, bands)")
+    for row in rows:
+        click.echo(describe(row))
+    said = {r.state: r.allowance for r in rows}
+    states = ", ".join(
+        f"{st} {'-' if said.get(st) is None else said[st]}"
+        for st in STATES
+        if st != "no-gpu" or st in said
+    )
+    if not rows:
+        states += " (no chat windows to judge in this scenario)"
+    click.echo(f"largest allowance within the target: {states}")
+    if answer is None:
+        click.echo("static: none; chat misses the target in over 1 % of windows even with no batch")
+    else:
+        click.echo(
+            f"static: {answer} holds the target in ≥ 99 % of windows over the whole scenario"
+        )
 
 
 def _scenario_list() -> str:

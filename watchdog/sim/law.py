@@ -58,11 +58,18 @@ class SimController:
         inp = ControlInput(
             now_s=now_s,
             chat_ttfts_ms=obs.chat_ttfts_ms,
-            gpu=GpuState(g.throttle_reasons, g.sm_clock_mhz, g.sm_clock_max_mhz),
+            gpu=GpuState(
+                g.throttle_reasons,
+                g.sm_clock_mhz,
+                g.sm_clock_max_mhz,
+                temp_c=g.temp_c,
+                temp_slowdown_c=g.temp_slowdown_c,
+            ),
             batch_inflight=obs.batch_inflight,
             allowance=obs.allowance,
             chat_arrivals=obs.chat_arrivals,
             chat_inflight=obs.chat_inflight,
+            batch_queued=obs.batch_waiting,
         )
         action = self.inner.step(inp)
         self.actions.append(action)
@@ -82,6 +89,11 @@ ADDITIONS = (
     "slot_reserve",
     "slot_margin",
     "serving_ramps",
+    "grow_to_demand",
+    "max_grows_per_h",
+    "surge_heat_factor",
+    "surge_cap_retest_s",
+    "headroom",
 )
 
 

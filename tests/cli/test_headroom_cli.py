@@ -1,0 +1,86 @@
+"""`llm-watchdog headroom` and the `status` row over a database of stored probes."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from click.testing import CliRunner
+
+from llm_watchdog.cli import cli
+from llm_watchdog.models import GpuSample
+from llm_watchdog.nvml.throttle import SW_THERMAL_SLOWDOWN
+from llm_watchdog.store.db import Store
+from tests.helpers.builders import probe_result
+
+
+def invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), env=env or {}, obj={})
+
+
+def fill(store: Store, now: float) -> None:
+    """Two hours of probes every 10 s: cool with 0–8 batch in flight (chat slow above 6),
+    then hot and throttled (slow above 3). A GPU sample a second before each probe."""
+    rng = random.Random(7)
+    ts = now - 7200.0
+    i = 0
+    while ts < now - 10:
+        hot = ts > now - 3600.0
+        inflight = i % 9
+        limit = 3 if hot else 6
+        slow = inflight > limit and rng.random() < 0.4
+        store.record_gpu_samples(
+            [
+                GpuSample(
+                    ts=ts - 1.0,
+                    gpu_index=0,
+                    temp_c=86.0 if hot else 60.0,
+                    sm_clock_mhz=1600.0 if hot else 1980.0,
+                    sm_clock_max_mhz=1980.0,
+                    throttle_reasons=SW_THERMAL_SLOWDOWN if hot else 0,
+                    temp_slowdown_c=90.0,
+                )
+            ]
+        )
+        store.record_probe(
+            probe_result(ts=ts, ttft_ms=2600.0 if slow else 350.0, batch_inflight=inflight),
+            None,
+        )
+        ts += 10.0
+        i += 1
+
+
+def test_headroom_names_a_lower_allowance_once_the_card_is_hot(db_path):
+    now = time.time()
+    with Store(db_path) as store:
+        fill(store, now)
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path), "LLM_WATCHDOG__CONTROL__TARGET_P95": "1s"}
+    out = invoke("headroom", "--since", "3h", "--json", env=env)
+    assert out.exit_code == 0, out.output
+    rows = {r["state"]: r for r in map(json.loads, out.output.splitlines())}
+    assert rows["cool"]["allowance"] == 6 and rows["hot"]["allowance"] == 3
+    assert rows["hot"]["current"] and not rows["cool"]["current"]
+    assert rows["cool"]["n"] + rows["hot"]["n"] > 600
+    text = invoke("headroom", "--since", "3h", env=env)
+    assert text.exit_code == 0 and "hot     3" in text.output and "← now" in text.output
+    status = invoke("status", env=env)
+    assert status.exit_code == 0, status.output
+    assert "headroom     hot     3" in status.output
+
+
+def test_headroom_without_load_counts_says_what_to_turn_on(db_path):
+    with Store(db_path) as store:
+        store.record_probe(probe_result(ts=time.time() - 60), None)
+    out = invoke("headroom", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)})
+    assert out.exit_code == 0, out.output
+    assert "not enough data yet" in out.output and "control.enabled" in out.output
+
+
+def test_headroom_bad_since_is_a_usage_error(db_path):
+    with Store(db_path):
+        pass
+    out = invoke(
+        "headroom", "--since", "yesterday-ish", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    )
+    assert out.exit_code == 2 and "Traceback" not in out.output

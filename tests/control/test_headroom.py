@@ -1,0 +1,99 @@
+"""The headroom map: thermal states, groups by batch in flight, answers and how sure they are."""
+
+from __future__ import annotations
+
+import random
+
+from llm_watchdog.control.headroom import (
+    MIN_GROUP,
+    Observation,
+    describe,
+    headroom_map,
+    row_for,
+    thermal_state,
+)
+from llm_watchdog.nvml.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+
+TARGET = 1000.0
+
+
+def state(**kw):
+    base = dict(
+        sm_clock_mhz=1980.0,
+        sm_clock_max_mhz=1980.0,
+        temp_c=55.0,
+        temp_slowdown_c=90.0,
+        reasons=0,
+    )
+    return thermal_state(**{**base, **kw})
+
+
+def test_states_come_from_clock_temperature_and_reason_bits():
+    assert state() == "cool"
+    assert state(temp_c=78.0) == "warm"  # within 15 °C of the 90 °C slowdown
+    assert state(sm_clock_mhz=1900.0) == "warm"
+    assert state(sm_clock_mhz=1700.0) == "hot"
+    assert state(reasons=SW_THERMAL_SLOWDOWN) == "hot"
+    assert state(reasons=SW_POWER_CAP) == "cool"  # a cap that does not slow the clock
+    assert state(reasons=SW_POWER_CAP, sm_clock_mhz=1500.0) == "hot"
+    # An idle card's low clock is not heat.
+    assert state(sm_clock_mhz=210.0, reasons=GPU_IDLE) == "cool"
+    assert state(sm_clock_mhz=None, temp_c=None) == "no-gpu"
+
+
+def probes(st, inflight, n, slow_share, rng):
+    return [
+        Observation(
+            ttft_ms=2500.0 if rng.random() < slow_share else 300.0,
+            batch_inflight=inflight,
+            state=st,
+            temp_c=60.0 if st == "cool" else 85.0,
+            clock_ratio=1.0 if st == "cool" else 0.8,
+        )
+        for _ in range(n)
+    ]
+
+
+def test_each_state_gets_the_highest_load_chat_holds_at():
+    rng = random.Random(1)
+    obs = []
+    for k in range(0, 9):
+        obs += probes("cool", k, 60, 0.0 if k <= 6 else 0.4, rng)
+        obs += probes("hot", k, 60, 0.0 if k <= 3 else 0.4, rng)
+    rows = headroom_map(obs, TARGET)
+    cool, hot = row_for(rows, "cool"), row_for(rows, "hot")
+    assert cool is not None and hot is not None
+    assert (cool.allowance, cool.bound, cool.confidence) == (6, "exact", "sure")
+    assert (hot.allowance, hot.bound, hot.confidence) == (3, "exact", "sure")
+    assert cool.n == 9 * 60 and cool.settle == ""
+    assert "cool" in describe(cool) and "540 probes" in describe(cool)
+
+
+def test_too_few_probes_say_so_and_what_would_settle_it():
+    rng = random.Random(2)
+    rows = headroom_map(probes("hot", 4, MIN_GROUP - 5, 0.0, rng), TARGET)
+    (row,) = rows
+    assert row.allowance is None and row.confidence == "not enough data"
+    assert "5 more probes with 4 batch in flight while hot" in row.settle
+    assert "not enough data yet" in describe(row)
+
+
+def test_nothing_seen_failing_is_a_lower_bound():
+    rng = random.Random(3)
+    rows = headroom_map(probes("cool", 0, 40, 0.0, rng) + probes("cool", 4, 40, 0.0, rng), TARGET)
+    (row,) = rows
+    assert (row.allowance, row.bound) == (4, "at least")
+    assert "over 4 batch in flight" in row.settle
+
+
+def test_chat_slow_without_batch_means_no_headroom():
+    rng = random.Random(4)
+    (row,) = headroom_map(probes("hot", 0, 60, 0.5, rng), TARGET)
+    assert (row.allowance, row.confidence) == (0, "sure")
+
+
+def test_a_borderline_group_is_likely_not_sure():
+    rng = random.Random(5)
+    obs = probes("cool", 2, 25, 0.0, rng) + probes("cool", 3, 25, 0.08, rng)
+    (row,) = headroom_map(obs, TARGET)
+    assert row.allowance is not None and row.confidence == "likely" and row.settle

@@ -1,0 +1,114 @@
+"""The law's rules from issue 14: demand, heat against load, re-testing a surge cap, a grow
+budget, and acting ahead of time on the headroom map."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llm_watchdog.control.law import AllowanceController, ControlConfig, ControlInput, GpuState
+from llm_watchdog.nvml.throttle import SW_THERMAL_SLOWDOWN
+
+T = 1000.0
+COOL = GpuState(0, 2000.0, 2000.0, temp_c=55.0, temp_slowdown_c=90.0)
+HOT = GpuState(SW_THERMAL_SLOWDOWN, 1600.0, 2000.0, temp_c=86.0, temp_slowdown_c=90.0)
+
+
+def ours(**changes: object) -> AllowanceController:
+    base = ControlConfig(target_p95_ms=T, floor=0, ceiling=32, default_allowance=8)
+    return AllowanceController(dataclasses.replace(base, **changes))
+
+
+def test_growth_never_passes_the_batch_jobs_demand() -> None:
+    c = ours(default_allowance=4, app_limited_headroom=0)
+    now, a = 0.0, None
+    for _ in range(40):
+        a = c.step(ControlInput(now, (200.0,) * 5, batch_inflight=4, batch_queued=1, gpu=COOL))
+        now += 20.0
+    assert a is not None and a.allowance_after == 5
+    assert "the batch job's demand 5" in a.reason
+
+
+def test_the_growth_budget_holds_changes_per_hour() -> None:
+    c = ours(default_allowance=1, app_limited_headroom=0, ceiling=64, max_grows_per_h=5)
+    now = 0.0
+    grows = 0
+    for _ in range(200):  # 200 × 16 s: under an hour
+        a = c.step(ControlInput(now, (100.0,) * 5, batch_inflight=64, batch_queued=64))
+        grows += a.kind == "grow"
+        now += 16.0
+    assert grows == 5
+
+
+def arrivals_up(gpu: GpuState) -> AllowanceController:
+    """Two and a half minutes of 3 chat arrivals per 5 s, then 7 per 5 s (2.3×) for 15 s."""
+    c = ours(default_allowance=12, surge_confirm=1, app_limited_headroom=0)
+    now = 0.0
+    for k in range(33):
+        n = 3 if k < 30 else 7
+        c.step(
+            ControlInput(
+                now, (300.0,) * n, gpu=gpu, batch_inflight=12, batch_queued=0, chat_arrivals=n
+            )
+        )
+        now += 5.0
+    return c
+
+
+def test_arrivals_up_under_a_thermal_slowdown_are_read_as_heat() -> None:
+    # On a cool card the same arrivals shed batch as load ...
+    assert arrivals_up(COOL).allowance < 12
+    # ... under a thermal slowdown they are under 1.5 × the surge ratio: no shed.
+    assert arrivals_up(HOT).allowance == 12
+
+
+def test_a_surge_cap_learned_hot_is_retested_once_the_card_is_cooler() -> None:
+    c = ours(surge_cap_retest_s=600.0)
+    c.surge_cap = 2
+    c.surge_cap_heat = (True, 0.8)
+    now = 0.0
+    for _ in range(50):  # 500 s cooler: not yet
+        c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=2))
+        now += 10.0
+    assert c.surge_cap == 2
+    for _ in range(12):
+        c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=2))
+        now += 10.0
+    assert c.surge_cap is None
+
+
+def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools() -> None:
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    # What the card has shown before: hot, chat holds with 3 batch in flight and not with 6.
+    for i in range(200):
+        c.map_samples.append((float(i), 300.0, 3, "hot"))
+        c.map_samples.append((float(i), 2500.0 if i % 3 == 0 else 300.0, 6, "hot"))
+        c.map_samples.append((float(i), 300.0, 10, "cool"))
+    now = 1000.0
+    for _ in range(10):
+        c.step(ControlInput(now, (300.0,) * 3, gpu=COOL, batch_inflight=10, batch_queued=0))
+        now += 1.0
+    assert c.allowance == 10
+    # The card turns hot; chat is still fast, and the map says hot takes 3.
+    cut = None
+    for _ in range(10):
+        a = c.step(ControlInput(now, (300.0,) * 3, gpu=HOT, batch_inflight=10, batch_queued=0))
+        now += 1.0
+        if a.kind == "cut":
+            cut = a
+            break
+    assert cut is not None and cut.allowance_after == 3
+    assert cut.inputs["headroom_row"].startswith("hot")
+    assert "the card is now hot" in cut.reason
+    # It cools: back to what the map says the cool card takes (nothing failed up to the
+    # 9–12 group), in one write.
+    grew = None
+    for _ in range(120):
+        a = c.step(
+            ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=c.allowance, batch_queued=10)
+        )
+        now += 1.0
+        if a.kind == "grow":
+            grew = a
+            break
+    assert grew is not None and grew.allowance_after == 12
+    assert grew.inputs["headroom_row"].startswith("cool")

@@ -1,0 +1,112 @@
+"""`llm-watchdog headroom`: per thermal state of this card, the batch concurrency chat holds at.
+
+Reads the probes the daemon stored (with the batch requests in flight and the GPU sample each
+was sent under) and prints `llm_watchdog.control.headroom`'s map; `status` shows the row of
+the state the card is in now.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from llm_watchdog.cli.group import cli, open_store, settings_from, when_arg
+from llm_watchdog.control.headroom import (
+    StateRow,
+    describe,
+    headroom_map,
+    observation_from,
+    row_for,
+    thermal_state,
+)
+from llm_watchdog.store.db import Store
+from llm_watchdog.store.headroom import probe_states, probes_without_load
+
+DEFAULT_SINCE = "7d"
+
+
+def stored_map(store: Store, since_ts: float, target_ms: float) -> list[StateRow]:
+    """The headroom map of the newest fingerprint's probes since `since_ts`."""
+    fp = store.latest_fingerprint()
+    rows = probe_states(store, since_ts, fp["id"] if fp else None)
+    return headroom_map((observation_from(r) for r in rows), target_ms)
+
+
+def current_state(store: Store) -> str | None:
+    """The thermal state of the first GPU's newest sample (None: no sample)."""
+    gpus = store.last_gpu_samples()
+    if not gpus:
+        return None
+    g = gpus[0]
+    return thermal_state(
+        sm_clock_mhz=g.get("sm_clock_mhz"),
+        sm_clock_max_mhz=g.get("sm_clock_max_mhz"),
+        temp_c=g.get("temp_c"),
+        temp_slowdown_c=g.get("temp_slowdown_c"),
+        reasons=g.get("throttle_reasons"),
+    )
+
+
+def status_line(store: Store, target_ms: float, now_ts: float) -> tuple[str, dict[str, Any]]:
+    """The `status` row: the current state's headroom over the last 7 days."""
+    since = now_ts - 7 * 86400.0
+    state = current_state(store) or "no-gpu"
+    row = row_for(stored_map(store, since, target_ms), state)
+    if row is None:
+        return f"{state}: not enough data yet (no probes with batch in flight in this state)", {
+            "state": state,
+            "row": None,
+        }
+    return describe(row), {"state": state, "row": row.to_dict()}
+
+
+@cli.command()
+@click.option(
+    "--since",
+    default=DEFAULT_SINCE,
+    show_default=True,
+    help="Probes from this long ago (30m, 24h, 7d) or an ISO date.",
+)
+@click.option(
+    "--target",
+    "target_ms",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Chat p95 TTFT target in ms (default: control.target_p95).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per thermal state.")
+@click.pass_context
+def headroom(ctx: click.Context, since: str, target_ms: float | None, as_json: bool) -> None:
+    """Per thermal state of the card: the batch concurrency that keeps chat p95 in target."""
+    settings = settings_from(ctx)
+    now = time.time()
+    since_ts = when_arg(since, now)
+    assert since_ts is not None
+    target = target_ms if target_ms is not None else settings.control.target_p95_s * 1000.0
+    with open_store(settings) as store:
+        rows = stored_map(store, since_ts, target)
+        unloaded = probes_without_load(store, since_ts) if not rows else 0
+        state = current_state(store)
+    if as_json:
+        for r in rows:
+            click.echo(
+                json.dumps({**r.to_dict(), "current": r.state == state, "target_ms": target})
+            )
+        return
+    click.echo(f"chat p95 TTFT target {target:,.0f} ms; probes since {since}")
+    if not rows:
+        why = (
+            f"{unloaded} probes carry no batch in-flight count: turn the control loop on "
+            "(control.enabled) so each probe records the batch load it was sent under"
+            if unloaded
+            else "no warm probes yet: run the daemon with control.enabled"
+        )
+        click.echo(f"not enough data yet: {why}")
+        return
+    click.echo("state   allowance  (confidence, probes, bands)")
+    for r in rows:
+        mark = "  ← now" if r.state == state else ""
+        click.echo(describe(r) + mark)

@@ -1,0 +1,289 @@
+"""Headroom: per thermal state of the card, the batch concurrency that keeps chat p95 in target.
+
+Pure: observations in (one per stored probe, or one per one-minute window of a lab run), a
+map out. A state is a band of the SM clock ratio and the temperature, with the throttle
+reason bits (`thermal_state`). Within a state, observations are grouped by how many batch
+requests were in flight (`LEVELS`); a group holds when at most 5 % of its chat TTFTs are over
+the target (its p95 is within it). A state's answer is the top of the highest group below
+the first that does not hold.
+
+How sure an answer is comes from a binomial reading of each group (see `_verdict`); where
+there are too few observations the row says so, and which observations would settle it.
+docs/control.md has the bands and the figures behind them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llm_watchdog.nvml.throttle import GPU_IDLE, THERMAL_MASK
+from llm_watchdog.stats import binom_sf, normal_cdf, quantile
+
+STATES = ("cool", "warm", "hot", "no-gpu")
+# Bands (docs/control.md): a clock under 90 % of its maximum, or a thermal slowdown bit, is
+# hot; under 97 %, or within 15 °C of the slowdown temperature, is warm. A power-cap bit alone
+# is not a state: prefill spikes flick it on a cool card, and a cap that holds the clock down
+# shows in the clock.
+HOT_CLOCK_RATIO = 0.90
+WARM_CLOCK_RATIO = 0.97
+WARM_MARGIN_C = 15.0
+DEFAULT_SLOWDOWN_C = 90.0
+# Batch-in-flight groups (lo, hi): one per count up to 4, then wider as counts grow.
+LEVELS: tuple[tuple[int, int], ...] = (
+    (0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 8), (9, 12), (13, 16), (17, 24),
+    (25, 32), (33, 48), (49, 64), (65, 96), (97, 128), (129, 1 << 30),
+)  # fmt: skip
+MIN_GROUP = 20  # observations a group needs before it says anything
+EXCEED_SHARE = 0.05  # p95 within target: at most this share over it
+SURE_RISK = 0.10  # a verdict is "sure" when the other reading has under this probability
+
+
+def thermal_state(
+    *,
+    sm_clock_mhz: float | None,
+    sm_clock_max_mhz: float | None,
+    temp_c: float | None,
+    temp_slowdown_c: float | None,
+    reasons: int | None,
+) -> str:
+    """cool, warm, hot, or no-gpu where there is no telemetry.
+
+    An idle card's clock is low without heat: with the GpuIdle bit and no throttle bit its
+    clock is not read as a state.
+    """
+    if temp_c is None and sm_clock_mhz is None:
+        return "no-gpu"
+    bits = reasons or 0
+    if bits & THERMAL_MASK:
+        return "hot"
+    ratio = None
+    if sm_clock_mhz is not None and sm_clock_max_mhz and not bits & GPU_IDLE:
+        ratio = sm_clock_mhz / sm_clock_max_mhz
+    if ratio is not None and ratio < HOT_CLOCK_RATIO:
+        return "hot"
+    slowdown = temp_slowdown_c or DEFAULT_SLOWDOWN_C
+    if (ratio is not None and ratio < WARM_CLOCK_RATIO) or (
+        temp_c is not None and temp_c >= slowdown - WARM_MARGIN_C
+    ):
+        return "warm"
+    return "cool"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One chat measurement with the load and the card's state it was made under."""
+
+    ttft_ms: float
+    batch_inflight: int
+    state: str
+    temp_c: float | None = None
+    clock_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    lo: int  # batch in flight, inclusive
+    hi: int
+    n: int
+    over: int  # observations over the target
+    p95_ms: float
+    verdict: str  # holds | fails | unsure (too few to tell)
+    sure: bool
+
+
+@dataclass(frozen=True)
+class StateRow:
+    state: str
+    n: int  # observations in this state
+    allowance: int | None  # batch in flight chat holds at; None: not enough data yet
+    bound: str  # "exact", "at least" (nothing above was seen failing), "none"
+    confidence: str  # sure | likely | not enough data
+    settle: str  # what data would settle it ("" once sure)
+    unit: str = "probes"  # what n counts: probes, or one-minute windows in the lab
+    temp_c_min: float | None = None
+    temp_c_max: float | None = None
+    clock_ratio_min: float | None = None
+    clock_ratio_max: float | None = None
+    groups: tuple[Group, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["groups"] = [asdict(g) for g in self.groups]
+        return d
+
+
+def level_of(inflight: int) -> tuple[int, int]:
+    for lo, hi in LEVELS:
+        if lo <= inflight <= hi:
+            return lo, hi
+    return LEVELS[-1]
+
+
+def _sf(k: int, n: int, p: float) -> float:
+    """P(X ≥ k), X ~ Binomial(n, p): exact for small n, the normal approximation (with
+    continuity correction) beyond, where the exact sum overflows floats."""
+    if n <= 400:
+        return binom_sf(k, n, p)
+    sd = math.sqrt(n * p * (1.0 - p))
+    return 1.0 - normal_cdf((k - 0.5 - n * p) / sd)
+
+
+def _verdict(n: int, over: int) -> tuple[str, bool]:
+    """holds / fails / unsure, and whether the data rule out the other reading.
+
+    Holds is sure when an exceedance of twice the allowed share would show this few overs
+    with probability under SURE_RISK; fails is sure when the allowed share would show this
+    many with probability under SURE_RISK.
+    """
+    if n < MIN_GROUP:
+        return "unsure", False
+    if over <= EXCEED_SHARE * n:
+        p_as_few = 1.0 - _sf(over + 1, n, 2 * EXCEED_SHARE)
+        return "holds", p_as_few < SURE_RISK
+    return "fails", _sf(over, n, EXCEED_SHARE) < SURE_RISK
+
+
+def groups_of(obs: Sequence[Observation], target_ms: float) -> tuple[Group, ...]:
+    by: dict[tuple[int, int], list[float]] = {}
+    for o in obs:
+        by.setdefault(level_of(o.batch_inflight), []).append(o.ttft_ms)
+    out = []
+    for (lo, hi), values in sorted(by.items()):
+        over = sum(1 for v in values if v > target_ms)
+        verdict, sure = _verdict(len(values), over)
+        out.append(Group(lo, hi, len(values), over, quantile(values, 0.95), verdict, sure))
+    return tuple(out)
+
+
+def _span(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def decide_row(
+    state: str,
+    groups: Sequence[Group],
+    unit: str = "probes",
+    load: str = "with {} batch in flight",
+) -> StateRow:
+    """A state's answer from its groups (ascending): the top of the highest group that holds
+    below the first that fails. `load` words a group's load for the settle hint."""
+    n = sum(g.n for g in groups)
+    told = [g for g in groups if g.verdict != "unsure"]
+    first_fail = next((g for g in told if g.verdict == "fails"), None)
+    passing = [
+        g for g in told if g.verdict == "holds" and (first_fail is None or g.hi < first_fail.lo)
+    ]
+
+    def row(allowance: int | None, bound: str, confidence: str, settle: str) -> StateRow:
+        return StateRow(state, n, allowance, bound, confidence, settle, unit)
+
+    if not told:
+        most = max(groups, key=lambda g: g.n, default=None)
+        if most is None:
+            return row(None, "none", "not enough data", f"{MIN_GROUP} {unit} while {state}")
+        where = load.format(_span(most.lo, most.hi))
+        return row(
+            None,
+            "none",
+            "not enough data",
+            f"{MIN_GROUP - most.n} more {unit} {where} while {state}",
+        )
+    if not passing:
+        assert first_fail is not None
+        if first_fail.lo == 0:
+            settle = "" if first_fail.sure else f"more {unit} {load.format(0)} while {state}"
+            return row(0, "exact", "sure" if first_fail.sure else "likely", settle)
+        cap = first_fail.lo - 1
+        return row(cap, "at most", "likely", f"{unit} {load.format(_span(0, cap))} while {state}")
+    best = passing[-1]
+    if first_fail is None:
+        top = best.hi if best.hi < LEVELS[-1][1] else best.lo
+        return row(
+            top, "at least", "likely",
+            f"{unit} {load.format(f'over {best.hi}')} while {state} (none above was seen failing)",
+        )  # fmt: skip
+    sure = best.sure and first_fail.sure
+    settle = ""
+    if not sure:
+        weak = best if not best.sure else first_fail
+        settle = f"more {unit} {load.format(_span(weak.lo, weak.hi))} while {state}"
+    elif first_fail.lo - best.hi > 1:
+        gap = _span(best.hi + 1, first_fail.lo - 1)
+        settle = f"{unit} {load.format(gap)} while {state}"
+    return row(best.hi, "exact", "sure" if sure else "likely", settle)
+
+
+def headroom_map(
+    obs: Iterable[Observation], target_ms: float, unit: str = "probes"
+) -> list[StateRow]:
+    """One row per state seen, coolest first."""
+    by: dict[str, list[Observation]] = {}
+    for o in obs:
+        by.setdefault(o.state, []).append(o)
+    rows = []
+    for state in STATES:
+        if state not in by:
+            continue
+        group = by[state]
+        row = decide_row(state, groups_of(group, target_ms), unit)
+        temps = [o.temp_c for o in group if o.temp_c is not None]
+        ratios = [o.clock_ratio for o in group if o.clock_ratio is not None]
+        rows.append(
+            StateRow(
+                **{
+                    **asdict(row),
+                    "groups": groups_of(group, target_ms),
+                    "temp_c_min": min(temps) if temps else None,
+                    "temp_c_max": max(temps) if temps else None,
+                    "clock_ratio_min": round(min(ratios), 3) if ratios else None,
+                    "clock_ratio_max": round(max(ratios), 3) if ratios else None,
+                }
+            )
+        )
+    return rows
+
+
+def row_for(rows: Sequence[StateRow], state: str) -> StateRow | None:
+    return next((r for r in rows if r.state == state), None)
+
+
+def describe(row: StateRow) -> str:
+    """One line: `hot   4 (sure, 312 probes, 71–84 °C, clock 0.80–0.89)`."""
+    if row.allowance is None:
+        answer = "not enough data yet"
+    else:
+        answer = {"exact": "", "at least": "≥ ", "at most": "≤ ", "none": ""}[row.bound] + str(
+            row.allowance
+        )
+    bands = []
+    if row.temp_c_min is not None and row.temp_c_max is not None:
+        bands.append(f"{row.temp_c_min:.0f}–{row.temp_c_max:.0f} °C")
+    if row.clock_ratio_min is not None and row.clock_ratio_max is not None:
+        bands.append(f"clock {row.clock_ratio_min:.2f}–{row.clock_ratio_max:.2f}")
+    extra = f", {', '.join(bands)}" if bands else ""
+    text = f"{row.state:<7} {answer}  ({row.confidence}, {row.n} {row.unit}{extra})"
+    if row.settle:
+        text += f"; would settle it: {row.settle}"
+    return text
+
+
+def observation_from(row: dict[str, Any]) -> Observation:
+    """An Observation from a probe row joined with its GPU sample
+    (`llm_watchdog.store.headroom.probe_states`)."""
+    clock, top = row.get("sm_clock_mhz"), row.get("sm_clock_max_mhz")
+    return Observation(
+        ttft_ms=float(row["ttft_ms"]),
+        batch_inflight=int(row["batch_inflight"]),
+        state=thermal_state(
+            sm_clock_mhz=clock,
+            sm_clock_max_mhz=top,
+            temp_c=row.get("temp_c"),
+            temp_slowdown_c=row.get("temp_slowdown_c"),
+            reasons=row.get("throttle_reasons"),
+        ),
+        temp_c=row.get("temp_c"),
+        clock_ratio=clock / top if clock is not None and top else None,
+    )
