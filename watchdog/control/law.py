@@ -143,7 +143,7 @@ class ControlConfig:
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
     slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8); -1: off
     grow_to_demand: bool = True  # never grow past batch in flight + queued (where known)
-    max_grows_per_h: float = 30.0  # grows in any hour; cuts are never held back; 0: off
+    max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
     surge_cap_retest_s: float = 1200.0  # a surge cap whose conditions are gone this long goes
     headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
