@@ -4,8 +4,38 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Any
+
+# C0 controls (newline and tab included), DEL and C1 controls: an engine's error body or a
+# client's reason may hold ANSI escapes or a newline that would fake a log or table line.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as an escape (`\\x1b`, `\\n`), so that it
+    prints as one inert line on a terminal or in the journal."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or f"\\x{ord(ch):02x}"
+
+
+class _PrintableMixin(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # The message is escaped; a traceback appended after it keeps its lines.
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
+class TextFormatter(_PrintableMixin, logging.Formatter):
+    pass
+
 
 # sd-daemon(3): a "<N>" prefix on a line written to stderr sets its journal priority.
 _SD_PRIORITY = {
@@ -17,7 +47,7 @@ _SD_PRIORITY = {
 }
 
 
-class JournalFormatter(logging.Formatter):
+class JournalFormatter(_PrintableMixin, logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         level = _SD_PRIORITY.get(record.levelno, 6)
         return f"<{level}>{record.name}: {super().format(record)}"
@@ -32,7 +62,7 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) ->
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+            TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

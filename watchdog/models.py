@@ -21,6 +21,7 @@ ERROR_CLASSES = (
     "protocol_error",  # the stream could not be parsed (not SSE/NDJSON, broken JSON, no tokens)
     "server_error",  # the server sent an error event inside a 200 stream
     "stale_connection",  # a pooled keep-alive connection was closed by the server before answering
+    "over_length",  # the answer ran past the probe's token or byte bound (max_tokens ignored)
 )
 
 

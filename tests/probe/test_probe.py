@@ -416,8 +416,10 @@ def test_server_gone_between_probes_is_connect_refused() -> None:
 
 
 def test_every_error_class_is_known() -> None:
-    # the classes this file produces over real sockets, all of them from the shared list
+    # the classes this file and test_bounds.py produce over real sockets, all of them from
+    # the shared list
     produced = {
+        "over_length",
         "connect_refused",
         "connect_timeout",
         "first_token_timeout",

@@ -16,6 +16,7 @@ from llm_watchdog import __version__
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import Settings, load_settings
 from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, ConfigError
+from llm_watchdog.logs import printable
 from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
 from llm_watchdog.store.db import Store, StoreError
@@ -27,7 +28,7 @@ class Fail(click.ClickException):
     exit_code = EXIT_FAILURE
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"llm-watchdog: {self.message}", err=True)
+        click.echo(f"llm-watchdog: {printable(self.message)}", err=True)
 
 
 class ConfigFail(Fail):

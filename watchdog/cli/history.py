@@ -17,6 +17,7 @@ from llm_watchdog.cli.group import (
 from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.logs import printable
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.store.control import actions as control_actions
 from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
@@ -56,43 +57,48 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2))
         return
-    click.echo(f"database     {settings.storage.path}")
+    _say(f"database     {settings.storage.path}")
     if last:
         verdict = "ok" if last["ok"] else f"FAILED ({last['error_class']})"
         ttft = f"{last['ttft_ms']:.1f} ms" if last.get("ttft_ms") is not None else "-"
-        click.echo(
+        _say(
             f"last probe   {stamp(last['ts'])}  {last['prompt_id']}  {verdict}  "
             f"TTFT {ttft}{'  (cold)' if last.get('cold') else ''}"
         )
     else:
-        click.echo("last probe   none yet")
+        _say("last probe   none yet")
     if not gpus:
-        click.echo("gpu          no samples (latency-only mode or no GPU)")
+        _say("gpu          no samples (latency-only mode or no GPU)")
     for g in gpus:
         reasons = ",".join(reason_names(g.get("throttle_reasons") or 0)) or "none"
-        click.echo(
+        _say(
             f"gpu {g['gpu_index']}        {stamp(g['ts'])}  {_f(g.get('temp_c'), '°C')}  "
             f"SM {_f(g.get('sm_clock_mhz'))}/{_f(g.get('sm_clock_max_mhz'))} MHz  "
             f"{_f(g.get('power_w'), 'W')}/{_f(g.get('power_limit_w'), 'W')}  "
             f"reasons {reasons}"
         )
     if fp:
-        click.echo(
+        _say(
             f"fingerprint  {fp['id']}: {fp['engine']} {fp['engine_version']}, model "
             f"{fp['model']}, driver {fp['driver_version']}, GPU {fp['gpu_name']}"
         )
-        click.echo(f"launch       {fp['launch_command']}")
+        _say(f"launch       {fp['launch_command']}")
     if baseline:
-        click.echo(
+        _say(
             f"baseline     TTFT p50 {baseline['ttft_p50_ms']:.0f} ms, p95 "
             f"{baseline['ttft_p95_ms']:.0f} ms from {baseline['n']} probes "
             f"({baseline['source']}, {stamp(baseline['created_ts'])})"
         )
     else:
-        click.echo("baseline     none yet (learned from the first warm probes)")
-    click.echo(f"headroom     {room_line}")
+        _say("baseline     none yet (learned from the first warm probes)")
+    _say(f"headroom     {room_line}")
     for e in open_events:
-        click.echo(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
+        _say(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
+
+
+def _say(line: str) -> None:
+    # Stored fields come from engines (error text, launch command): no escape reaches the tty.
+    click.echo(printable(line))
 
 
 def _f(value: Any, unit: str = "") -> str:

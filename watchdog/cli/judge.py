@@ -387,7 +387,14 @@ def export_trace_to(
         if target == "-":
             n = export_trace(store, since_ts, until_ts, sys.stdout)
         else:
-            with open(target, "w", newline="") as fh:
+            try:
+                fh = open(target, "w", newline="")
+            except OSError as exc:
+                raise Fail(
+                    f"cannot write the trace to {target}: {exc.strerror or exc}; "
+                    "check that its folder exists and is writable"
+                ) from None
+            with fh:
                 n = export_trace(store, since_ts, until_ts, fh)
     click.echo(f"wrote {n} probes to {'stdout' if target == '-' else target}", err=True)
 

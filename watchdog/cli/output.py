@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import click
 
+from llm_watchdog.logs import printable
+
 
 def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--json", "fmt", flag_value="json", help="One JSON object per line.")
@@ -47,7 +49,14 @@ def _cell(value: Any) -> str:
         return f"{value:.1f}" if abs(value) < 1e6 else f"{value:.0f}"
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
-    return str(value)
+    # Stored text comes from engines and clients: an ANSI escape would drive the terminal.
+    return printable(str(value))
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return printable(value) if isinstance(value, str) else value
 
 
 def emit(
@@ -67,7 +76,7 @@ def emit(
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
-            writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+            writer.writerow([_csv_cell(row.get(c)) for c in columns])
     else:
         headers = headers or {}
         head = [headers.get(c, c) for c in columns]

@@ -14,6 +14,9 @@ from llm_watchdog.durations import parse_duration
 
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?")
 
+# Latest time a query may name: year 9999, the last that datetime and `stamp()` can print.
+_MAX_TS = 253402300799.0
+
 
 def parse_when(text: str, now_ts: float) -> float:
     """Unix seconds for `text`: "now", a unix timestamp ("1795946400"), a duration before
@@ -24,20 +27,36 @@ def parse_when(text: str, now_ts: float) -> float:
     if _NUMBER.fullmatch(text):
         # A bare number read as seconds back from now put 1795946400 57 years ago.
         ts = float(text)
-        if not math.isfinite(ts):
-            raise ValueError(f"cannot read {text!r} as a unix timestamp")
+        if not math.isfinite(ts) or ts > _MAX_TS:
+            raise ValueError(f"cannot read {text!r} as a unix timestamp: it is past year 9999")
         return ts
     try:
-        return now_ts - parse_duration(text)
+        back_s = parse_duration(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(back_s) or back_s > now_ts:
+            raise ValueError(
+                f"{text!r} reaches back before 1970: use a duration like 30m, 24h or 7d, "
+                "or an ISO date"
+            )
+        return now_ts - back_s
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ValueError(
             f"cannot read {text!r} as a time: use a duration back from now (30m, 24h, 7d), "
             "unix seconds (1795946400) or an ISO date (2026-11-29 or 2026-11-29T14:00)"
         ) from None
     if when.tzinfo is None:
-        when = when.astimezone()  # a date without a zone is local time, as people mean it
-    return when.timestamp()
+        try:
+            when = when.astimezone()  # a date without a zone is local time, as people mean it
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"{text!r} is out of range: give a date from 1970 on") from None
+    try:
+        ts = when.timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"{text!r} is out of range: give a date from 1970 on") from None
+    if not 0 <= ts <= _MAX_TS:
+        raise ValueError(f"{text!r} is out of range: give a date from 1970 on")
+    return ts

@@ -38,6 +38,12 @@ Stream rules (see `llm_watchdog.probe.streams`): a server error event inside a 2
 official OpenAI client raises on such a line, so a chat user would have seen a failure too),
 with the timings kept; a stream that ends without `[DONE]` is accepted when a choice had
 finished (`finish_reason`), else it is a `protocol_error`.
+
+Bounds: the engine decides how much it sends, so the probe stops reading at a token bound
+(`token_bound(max_tokens)` deltas) and a byte bound (`byte_bound(max_tokens)` bytes of body),
+both a few KiB past what `max_tokens` allows, and fails the probe as `over_length`; the stored
+answer is cut at `answer_bound(max_tokens)` characters. An engine that ignores `max_tokens`
+costs one bounded row, not the disk.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from typing import Any
 
 import httpx
 
+from llm_watchdog.logs import printable
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.probe.engine import api_root, connect_reason, models_url
 from llm_watchdog.probe.sets import Prompt
@@ -69,6 +76,24 @@ from llm_watchdog.probe.streams import (
 CACHE_MODES = ("bust", "cached")
 APIS = ("openai", "ollama")
 _ERROR_BODY_MAX = 64 * 1024
+_PROTOCOL_ERRORS_KEPT = 3
+
+
+def token_bound(max_tokens: int) -> int:
+    """Deltas read before the answer is `over_length`: engines count tokens their own way
+    (one delta may hold several, a stop sequence may add one), so there is slack."""
+    return 2 * max_tokens + 16
+
+
+def byte_bound(max_tokens: int) -> int:
+    """Body bytes read before the answer is `over_length`: one SSE chunk per token is about
+    300 bytes of JSON around the text, so 1 KiB a token plus 16 KiB for the rest."""
+    return 1024 * max_tokens + 16 * 1024
+
+
+def answer_bound(max_tokens: int) -> int:
+    """Characters of the answer kept for the quality check and the store."""
+    return 32 * max_tokens + 4 * 1024
 
 
 @dataclass(frozen=True)
@@ -127,7 +152,12 @@ class _Measure:
     done: bool = False  # [DONE] or Ollama's done: true
     server_error: str | None = None
     protocol_errors: list[str] = field(default_factory=list)
+    protocol_error_count: int = 0
     events: int = 0
+    body_bytes: int = 0
+    answer_max: int = 1 << 62  # characters of content and of reasoning kept, each
+    content_chars: int = 0
+    reasoning_chars: int = 0
 
     def take(self, event: StreamEvent, t_ns: int) -> None:
         if event.kind == DONE:
@@ -140,12 +170,20 @@ class _Measure:
             self.server_error = self.server_error or event.message
             return
         if event.kind == PROTOCOL_ERROR:
-            self.protocol_errors.append(event.message)
+            self.protocol_error_count += 1
+            if len(self.protocol_errors) < _PROTOCOL_ERRORS_KEPT:
+                self.protocol_errors.append(event.message)
             return
         if event.has_token:
             self.token_ns.append(t_ns)
-        self.content.append(event.content)
-        self.reasoning.append(event.reasoning)
+        if event.content and self.content_chars < self.answer_max:
+            kept = event.content[: self.answer_max - self.content_chars]
+            self.content.append(kept)
+            self.content_chars += len(kept)
+        if event.reasoning and self.reasoning_chars < self.answer_max:
+            kept = event.reasoning[: self.answer_max - self.reasoning_chars]
+            self.reasoning.append(kept)
+            self.reasoning_chars += len(kept)
         if event.finish_reason:
             self.finished = True
         if event.completion_tokens is not None:
@@ -322,9 +360,9 @@ class Prober:
         }
         try:
             try:
-                m = self._attempt(body)
+                m = self._attempt(body, prompt.max_tokens)
             except _StaleConnection:
-                m = self._attempt(body, retry=True)
+                m = self._attempt(body, prompt.max_tokens, retry=True)
             return self._success(base, m, prompt)
         except _Failure as exc:
             return self._failure(base, exc, exc.measure)
@@ -372,7 +410,7 @@ class Prober:
 
     # -- one HTTP exchange ------------------------------------------------------------------
 
-    def _attempt(self, body: dict[str, Any], retry: bool = False) -> _Measure:
+    def _attempt(self, body: dict[str, Any], max_tokens: int, retry: bool = False) -> _Measure:
         o = self.options
         first_deadline_s = min(o.first_token_timeout_s, o.total_timeout_s)
         # The read timeout bounds the wait for the response headers: nothing can be a token
@@ -392,7 +430,7 @@ class Prober:
         # between the arrival of a token and the clock reading for it.
         deadline = _Deadline("first_token", time.perf_counter_ns() + int(first_deadline_s * 1e9))
         try:
-            m = self._exchange(request, trace, deadline, first_deadline_s, retry)
+            m = self._exchange(request, trace, deadline, first_deadline_s, retry, max_tokens)
         finally:
             deadline.cancel()
         return m
@@ -404,6 +442,7 @@ class Prober:
         deadline: _Deadline,
         first_deadline_s: float,
         retry: bool,
+        max_tokens: int,
     ) -> _Measure:
         t_start = time.perf_counter_ns()
         try:
@@ -423,9 +462,13 @@ class Prober:
         # body, which goes out after this stamp, so a stalled client thread cannot make TTFT
         # read short; only the body's few microseconds of sending are counted in.
         t0 = trace.sent_ns or trace.headers_ns or t_start
-        m = _Measure(t0_ns=t0, connection="retried_stale" if retry else label)
+        m = _Measure(
+            t0_ns=t0,
+            connection="retried_stale" if retry else label,
+            answer_max=answer_bound(max_tokens),
+        )
         try:
-            self._read(response, request, m, deadline)
+            self._read(response, request, m, deadline, max_tokens)
         except _Failure as exc:
             exc.measure = m
             raise
@@ -484,7 +527,12 @@ class Prober:
         return "reused" if self._reused(trace, sent_before) else "fresh"
 
     def _read(
-        self, response: httpx.Response, request: httpx.Request, m: _Measure, deadline: _Deadline
+        self,
+        response: httpx.Response,
+        request: httpx.Request,
+        m: _Measure,
+        deadline: _Deadline,
+        max_tokens: int,
     ) -> None:
         o = self.options
         if not 200 <= response.status_code < 300:
@@ -509,12 +557,21 @@ class Prober:
         deadline.arm("first_token", first_ns, sock if isinstance(sock, socket.socket) else None)
         parser = parser_for(o.api)
         chunks = response.iter_bytes()
+        max_bytes, max_deltas = byte_bound(max_tokens), token_bound(max_tokens)
+        over: str | None = None
         try:
             for chunk in chunks:
                 t = self._clock.stamp(m.t0_ns)
                 had_token = bool(m.token_ns)
+                m.body_bytes += len(chunk)
+                if m.body_bytes > max_bytes:
+                    over = f"more than {max_bytes} bytes"
+                    break
                 for event in parser.feed(chunk):
                     m.take(event, t)
+                if len(m.token_ns) > max_deltas:
+                    over = f"more than {max_deltas} tokens"
+                    break
                 if not had_token and m.token_ns:
                     if t > first_ns:
                         deadline.fired = "first_token"
@@ -539,6 +596,14 @@ class Prober:
                     "crashed or a proxy cut the stream; check the server log",
                 ) from exc
         m.end_ns = time.perf_counter_ns()
+        if over is not None:
+            deadline.disarm()
+            raise _Failure(
+                "over_length",
+                f"{self.endpoint} sent {over} for max_tokens {max_tokens} and was cut off "
+                f"after {_tokens(len(m.token_ns))}: the engine ignores max_tokens; check its "
+                "settings (a stop sequence or n_predict override)",
+            )
         if m.done and deadline.fired is None:
             # Read the rest of the body (the end of the chunked encoding) so the connection
             # can be kept alive; a server that stalls here is not waited for.
@@ -575,7 +640,7 @@ class Prober:
                 f"{_tokens(len(m.token_ns))}: {m.server_error}; check the server log",
             )
         if m.protocol_errors:
-            n = len(m.protocol_errors)
+            n = m.protocol_error_count
             raise _Failure(
                 "protocol_error",
                 f"{self.endpoint} sent {n} unparseable line{'s' if n > 1 else ''} "
@@ -675,7 +740,7 @@ def _read_some(response: httpx.Response) -> str:
 def _error_text(text: str) -> str:
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # deeply nested JSON exhausts the stack
         return _snip(text) or "(empty body)"
     if isinstance(obj, dict):
         msg = error_message(obj)
@@ -689,5 +754,5 @@ def _error_text(text: str) -> str:
 
 
 def _snip(text: str, limit: int = 160) -> str:
-    one = " ".join(text.split())
+    one = printable(" ".join(text.split()))
     return one if len(one) <= limit else one[: limit - 1] + "…"

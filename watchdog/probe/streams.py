@@ -40,6 +40,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from llm_watchdog.logs import printable
+
 CHUNK = "chunk"
 DONE = "done"
 SERVER_ERROR = "server_error"
@@ -169,7 +171,7 @@ class SseParser:
             return [StreamEvent(DONE)]
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # deeply nested JSON exhausts the stack
             if event_type == "error":
                 return [StreamEvent(SERVER_ERROR, message=_snippet(data))]
             return [StreamEvent(PROTOCOL_ERROR, message=f"data is not JSON: {_snippet(data)}")]
@@ -202,7 +204,7 @@ class NdjsonParser:
             self.events += 1
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # deeply nested JSON exhausts the stack
                 out.append(
                     StreamEvent(PROTOCOL_ERROR, message=f"line is not JSON: {_snippet(line)}")
                 )
@@ -313,5 +315,5 @@ def _number(value: Any) -> float | None:
 
 
 def _snippet(text: str) -> str:
-    one_line = " ".join(text.split())
+    one_line = printable(" ".join(text.split()))
     return one_line if len(one_line) <= _MAX_SNIPPET else one_line[: _MAX_SNIPPET - 1] + "…"
