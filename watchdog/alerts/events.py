@@ -28,6 +28,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "telemetry_lost": ("warning", "NVML telemetry lost (GPU gone, NVML hung or missing)"),
     "probes_failing": ("critical", "canary probes failing (server down, timeouts, errors)"),
     "control_not_effective": ("critical", "the batch allowance did not take effect"),
+    "storage_failing": ("critical", "the database cannot be written (disk full, deleted, gone)"),
     "test": ("info", "a test alert from `llm-watchdog alerts test`"),
 }
 

@@ -15,7 +15,7 @@ import click
 from llm_watchdog import __version__
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import Settings, load_settings
-from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, ConfigError
+from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, ConfigError, StorageError
 from llm_watchdog.logs import printable
 from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
@@ -54,7 +54,11 @@ def when_arg(text: str | None, now: float) -> float | None:
         raise click.BadParameter(str(exc)) from None
 
 
-def open_store(settings: Settings, must_exist: bool = True) -> Store:
+def open_store(
+    settings: Settings, must_exist: bool = True, *, read_only: bool = False, exclusive: bool = False
+) -> Store:
+    """The store, or a one-line Fail. `read_only`: the reading commands, which never change
+    the file; `exclusive`: the daemon, the one writer (a second one fails naming the first)."""
     path = Path(settings.storage.path)
     if must_exist and not path.exists():
         raise Fail(
@@ -62,9 +66,21 @@ def open_store(settings: Settings, must_exist: bool = True) -> Store:
             "or point --config / storage.path at the right file"
         )
     try:
-        return Store(path)
-    except StoreError as exc:
+        return Store(path, read_only=read_only, exclusive=exclusive)
+    except (StoreError, StorageError) as exc:
         raise Fail(str(exc)) from None
+
+
+def make_folder(settings: Settings) -> None:
+    """The database's folder, made if missing; a read-only or forbidden one is one line."""
+    folder = Path(settings.storage.path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Fail(
+            f"cannot create the database folder {folder} ({exc.strerror or exc}): create it "
+            "with write access for this user, or set storage.path to a writable place"
+        ) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

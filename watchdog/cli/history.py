@@ -32,7 +32,7 @@ from llm_watchdog.store.records import active_baseline, events
 def status(ctx: click.Context, as_json: bool) -> None:
     """Last probe, last GPU sample per GPU, the fingerprint, and the database path."""
     settings = settings_from(ctx)
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         last = store.last_probe()
         gpus = store.last_gpu_samples()
         fp = (
@@ -204,7 +204,7 @@ def history(
     since_ts, until_ts = when_arg(since, now), when_arg(until, now)
     assert since_ts is not None
     if control:
-        with open_store(settings) as store:
+        with open_store(settings, read_only=True) as store:
             rows = control_actions(store, since_ts, until_ts)
         for r in rows[-limit:] if limit else rows:
             r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
@@ -218,7 +218,7 @@ def history(
         resolution = (
             "raw" if length <= AUTO_RAW_MAX_S else "1m" if length <= AUTO_1M_MAX_S else "1h"
         )
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         if resolution == "raw":
             rows = (
                 store.gpu_samples(since_ts, until_ts) if gpu else store.probes(since_ts, until_ts)

@@ -16,7 +16,15 @@ from typing import Any, TextIO
 import click
 
 from llm_watchdog.alerts import AlertConfigError, LogSink, load_alerts, send_test
-from llm_watchdog.cli.group import ConfigFail, Fail, cli, open_store, settings_from, when_arg
+from llm_watchdog.cli.group import (
+    ConfigFail,
+    Fail,
+    cli,
+    make_folder,
+    open_store,
+    settings_from,
+    when_arg,
+)
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import (
@@ -46,7 +54,7 @@ def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fm
 
     settings = settings_from(ctx)
     now = time.time()
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         rows = events(store, when_arg(since, now), when_arg(until, now))
     if only_open:
         rows = [r for r in rows if r["end_ts"] is None]
@@ -104,7 +112,7 @@ def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """The baseline in use for each fingerprint (what 'normal' is)."""
 
     settings = settings_from(ctx)
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         rows = baselines(store, include_retired=show_all)
     for r in rows:
         r["created"] = stamp(r["created_ts"]) if fmt == "table" else r["created_ts"]
@@ -147,7 +155,7 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
         seconds = parse_duration(from_history or duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    Path(settings.storage.path).parent.mkdir(parents=True, exist_ok=True)
+    make_folder(settings)
     with open_store(settings, must_exist=bool(from_history)) as store:
         if from_history:
             fingerprint_id, observations = _history_observations(store, time.time() - seconds)
@@ -337,7 +345,7 @@ def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
     settings = settings_from(ctx)
     since_ts = when_arg(since, time.time())
     assert since_ts is not None  # --since has a default
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         rows = deliveries(store, since_ts)
     if failed:
         rows = [r for r in rows if not r["ok"]]
@@ -383,7 +391,7 @@ def alerts_test(ctx: click.Context) -> None:
 def export_trace_to(
     settings: Any, target: str, since_ts: float | None, until_ts: float | None
 ) -> None:
-    with open_store(settings) as store:
+    with open_store(settings, read_only=True) as store:
         if target == "-":
             n = export_trace(store, since_ts, until_ts, sys.stdout)
         else:

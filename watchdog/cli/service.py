@@ -124,7 +124,7 @@ def _run_once(
             f"{settings.source}: storage.path: cannot create {Path(settings.storage.path).parent} "
             f"({exc.strerror}); point it at a writable folder"
         ) from None
-    store = open_store(settings, must_exist=False)
+    store = open_store(settings, must_exist=False, exclusive=True)
     try:
         alert_manager = build_alerts(settings, store)
     except ConfigError as exc:
@@ -139,6 +139,7 @@ def _run_once(
     daemon.install_signal_handlers()
     try:
         daemon.startup()
+        daemon.start_api()
     except ConfigError as exc:
         daemon.shutdown(timeout_s=1.0)
         alert_manager.close(timeout_s=1.0)
@@ -164,7 +165,9 @@ def _run_once(
             # A probe blocked in a read would hold interpreter exit (the executor joins its
             # threads) until its own timeout; the store is closed, so nothing is lost.
             sys.stderr.flush()
-            os._exit(0)
+            os._exit(daemon.exit_code)
+    if daemon.exit_code:  # the database was deleted or replaced: systemd restarts it
+        sys.exit(daemon.exit_code)
     return new
 
 

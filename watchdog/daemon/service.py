@@ -34,8 +34,9 @@ from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge
 from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.daemon.steer import Steer, gateway_steer
+from llm_watchdog.daemon.storage import Say, StorageHealth
 from llm_watchdog.drift import classify_cold
-from llm_watchdog.errors import ConfigError
+from llm_watchdog.errors import EXIT_FAILURE, ConfigError, StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import ProbeOptions, Prober
@@ -52,6 +53,10 @@ from llm_watchdog.probe.sets import ProbeSet, load_probe_set
 from llm_watchdog.store.db import Store
 
 log = logging.getLogger("llm_watchdog.daemon.service")
+
+# Jobs whose success means a write went through.
+_WRITING_JOBS = ("probe", "gpu", "rollup", "fingerprint")
+FILE_CHECK_S = 5.0  # how often the database file is checked for deletion or replacement
 
 
 def build_alerts(settings: Settings, store: Store) -> AlertManager:
@@ -151,6 +156,9 @@ class Daemon:
         )
         self.first_probe = threading.Event()
         self.reload_requested = threading.Event()
+        self.storage = StorageHealth(store.path)
+        self._storage_lock = threading.Lock()
+        self.exit_code = 0  # what `run` exits with once serve() returns
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -361,8 +369,18 @@ class Daemon:
                 self._busy += 1
             try:
                 job()
+            except StorageError as exc:
+                # One line a minute, not a traceback per write (see daemon/storage.py).
+                with self._storage_lock:
+                    say = self.storage.failed(name, str(exc), self.clock())
+                self._say(say, logging.ERROR)
             except Exception:
                 log.exception("%s job failed; it runs again at its next interval", name)
+            else:
+                if name in _WRITING_JOBS and self.storage.failing:
+                    with self._storage_lock:
+                        say = self.storage.succeeded(self.clock())
+                    self._say(say, logging.WARNING)
             finally:
                 with self._busy_cv:
                     self._busy -= 1
@@ -373,6 +391,30 @@ class Daemon:
                     self.notifier.status(self.status_line())
 
         return run
+
+    def _say(self, say: Say, level: int) -> None:
+        if say.log_line:
+            log.log(level, "%s", say.log_line)
+        if say.alert is not None and self.alerts is not None:
+            try:
+                self.alerts.submit(say.alert)
+            except Exception as exc:  # alerting must not take the daemon down
+                log.warning("cannot send the storage alert: %s", exc)
+
+    def check_database_file(self) -> bool:
+        """Exit (code 1, for systemd to restart) when the database was deleted or replaced
+        under the daemon: its rows would go to a file nobody reads. True while it is fine."""
+        detail = self.store.file_changed()
+        if detail is None:
+            return True
+        self._say(self.storage.file_gone(detail, self.clock()), logging.ERROR)
+        if self.alerts is not None:
+            flush = getattr(self.alerts, "flush", None)
+            if flush is not None:
+                flush(timeout_s=5.0)
+        self.exit_code = EXIT_FAILURE
+        self.should_exit.set()
+        return False
 
     def start_jobs(self) -> None:
         p, g = self.settings.probe, self.settings.gpu
@@ -417,6 +459,12 @@ class Daemon:
             "interval",
             seconds=self.settings.storage.rollup_interval_s,
             id="rollup",
+        )
+        sched.add_job(
+            self._guarded("database-file", self.check_database_file),
+            "interval",
+            seconds=FILE_CHECK_S,
+            id="database-file",
         )
         sched.start()
         self.scheduler = sched
@@ -481,7 +529,8 @@ class Daemon:
 
         `reload()` returns None when it refused the new config; the daemon keeps running.
         """
-        self.start_api()
+        if self.api is None:
+            self.start_api()
         self.start_jobs()
         log.info(
             "watching %s (model %s, engine %s %s); probe every %ss; database %s",

@@ -14,6 +14,14 @@ Exceptions: everything the database can throw leaves this module as
 raised `from` the sqlite3 error. A failed write rolls back its whole transaction, so it
 never takes earlier rows with it.
 
+Modes: `Store(path)` opens for writing (and migrates); `exclusive=True` also takes the
+database's writer lock (`llm_watchdog.store.lock`), which the daemon does so that a second
+daemon on the same file stops at start-up. `read_only=True` (the CLI's reading commands) opens
+the file with SQLite's `mode=ro`: no migration, no WAL switch, nothing written; a database
+without the watchdog's `_migrations` table is refused by name, in either mode, so another
+application's file is never changed. `file_changed()` says when the file was deleted or
+replaced under a running process (its device and inode are remembered at open).
+
 Threads: the daemon's scheduler calls in from worker threads. One connection
 (`check_same_thread=False`) is shared, and a lock serialises every use of it; SQLite would
 serialise the writes anyway.
@@ -36,7 +44,8 @@ from llm_watchdog.errors import StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.store import rollups
 from llm_watchdog.store import rows as store_rows
-from llm_watchdog.store.migrations import MigrationError, migrate
+from llm_watchdog.store.lock import WriterLock
+from llm_watchdog.store.migrations import MIGRATIONS_TABLE, MigrationError, discover, migrate
 from llm_watchdog.store.rollups import (
     AUTO_1M_MAX_S,
     AUTO_RAW_MAX_S,
@@ -88,17 +97,35 @@ class Store:
         *,
         busy_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        read_only: bool = False,
+        exclusive: bool = False,
     ) -> None:
         self.path = str(path)
         self.busy_timeout_s = busy_timeout_s
+        self.read_only = read_only
         self._clock = clock
         self._lock = threading.RLock()
         self._db: sqlite_utils.Database | None = None
-        conn = _connect(self.path, busy_timeout_s)
+        self._writer: WriterLock | None = None
+        if exclusive and self.path != ":memory:" and not read_only:
+            if not Path(self.path).parent.is_dir():
+                raise StoreError(
+                    f"cannot open database {self.path}: directory does not exist; "
+                    "create it or set storage.path"
+                )
+            self._writer = WriterLock(self.path).acquire()
+        try:
+            conn = _connect(self.path, busy_timeout_s, read_only=read_only)
+        except BaseException:
+            self._release_writer()
+            raise
         try:
             db = sqlite_utils.Database(conn)
             db.conn.create_aggregate("bit_or", 1, _BitOr)  # type: ignore[arg-type]
-            if self.path != ":memory:":
+            _refuse_foreign(db, self.path)
+            if read_only:
+                _check_current(db, self.path)
+            elif self.path != ":memory:":
                 # WAL: readers and one writer at once; synchronous=NORMAL is durable across
                 # an application crash and only risks the last commits on power loss
                 # (https://www.sqlite.org/wal.html, pragma.html#pragma_synchronous).
@@ -107,19 +134,24 @@ class Store:
                 # A big first rollup can grow the WAL file; without a limit it stays that size
                 # (https://www.sqlite.org/pragma.html#pragma_journal_size_limit).
                 db.execute("PRAGMA journal_size_limit = 33554432")
-            db.execute("PRAGMA foreign_keys=ON")
-            migrate(db, where=f"database {self.path}", now=clock)
+            if not read_only:
+                db.execute("PRAGMA foreign_keys=ON")
+                migrate(db, where=f"database {self.path}", now=clock)
             _check_columns(db, self.path)
         except MigrationError as exc:
             conn.close()
+            self._release_writer()
             raise StoreError(str(exc)) from None
         except sqlite3.Error as exc:
             conn.close()
+            self._release_writer()
             raise StoreError(_describe(exc, self.path, busy_timeout_s, opening=True)) from exc
         except BaseException:
             conn.close()
+            self._release_writer()
             raise
         self._db = db
+        self._identity = _identity(self.path)
 
     @classmethod
     def memory(cls, *, clock: Callable[[], float] = time.time) -> Store:
@@ -139,6 +171,30 @@ class Store:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self._release_writer()
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
+    def file_changed(self) -> str | None:
+        """None while the path still names the file opened; else one line saying what
+        happened to it (deleted, or replaced by another file) and what to do."""
+        if self._identity is None:
+            return None
+        now = _identity(self.path)
+        if now is None:
+            return (
+                f"database {self.path} was deleted while in use: new rows would go to a "
+                "deleted file; restart the watchdog to start a new database"
+            )
+        if now != self._identity:
+            return (
+                f"database {self.path} was replaced by another file while in use; restart "
+                "the watchdog to open the new one"
+            )
+        return None
 
     def __enter__(self) -> Store:
         return self
@@ -359,7 +415,49 @@ class Store:
             return rollups.history(db, since_ts, until_ts, resolution, series, gpu_index)
 
 
-def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+def _identity(path: str) -> tuple[int, int] | None:
+    if path == ":memory:":
+        return None
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _refuse_foreign(db: sqlite_utils.Database, path: str) -> None:
+    """Another application's database has tables but not ours: leave it as it is."""
+    tables = db.table_names()
+    if tables and MIGRATIONS_TABLE not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", …" if len(tables) > 5 else "")
+        raise StoreError(
+            f"{path} is not an llm-watchdog database (it holds tables {shown}, and no "
+            f"{MIGRATIONS_TABLE}); it is left unchanged: set storage.path to the watchdog's file"
+        )
+
+
+def _check_current(db: sqlite_utils.Database, path: str) -> None:
+    """A read-only open cannot migrate: an empty or older database is said so."""
+    if MIGRATIONS_TABLE not in db.table_names():
+        raise StoreError(
+            f"database {path} is empty: start the daemon (`llm-watchdog run`) to create it"
+        )
+    have = {r["number"] for r in db.query(f"SELECT number FROM {MIGRATIONS_TABLE}")}
+    missing = [m.name for m in discover() if m.number not in have]
+    if missing:
+        raise StoreError(
+            f"database {path} predates this llm-watchdog (migration {', '.join(missing)} not "
+            "applied); restart the daemon once so it migrates the file, then read it"
+        )
+    newer = sorted(n for n in have if n not in {m.number for m in discover()})
+    if newer:
+        raise StoreError(
+            f"database {path} was written by a newer llm-watchdog (unknown migration "
+            f"{newer[0]:03d}); upgrade llm-watchdog"
+        )
+
+
+def _connect(path: str, busy_timeout_s: float, read_only: bool = False) -> sqlite3.Connection:
     if path != ":memory:":
         p = Path(path)
         if not p.parent.is_dir():
@@ -374,9 +472,18 @@ def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     try:
         # isolation_level=None: the sqlite3 module opens no transaction on its own; they are
         # explicit (Store.transaction, sqlite-utils' atomic()).
-        conn = sqlite3.connect(
-            path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-        )
+        if read_only and path != ":memory:":
+            if not Path(path).is_file():
+                raise StoreError(f"cannot open database {path}: no such file")
+            uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+            conn = sqlite3.connect(
+                uri, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None,
+                uri=True,
+            )
+        else:
+            conn = sqlite3.connect(
+                path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
     except sqlite3.Error as exc:
         raise StoreError(_describe(exc, path, busy_timeout_s, opening=True)) from exc
     return conn
