@@ -6,6 +6,10 @@ Every error is one line on stderr that says what to do next.
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,7 @@ import click
 from llm_watchdog import __version__
 from llm_watchdog.cli.timeargs import parse_when
 from llm_watchdog.config import Settings, load_settings
-from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, ConfigError, StorageError
+from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE, EXIT_USAGE, ConfigError, StorageError
 from llm_watchdog.logs import printable
 from llm_watchdog.probe.engine import detect_engine
 from llm_watchdog.probe.sets import ProbeSetError, load_probe_set
@@ -83,7 +87,61 @@ def make_folder(settings: Settings) -> None:
         ) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineGroup(click.Group):
+    """The group that prints every usage error as one line (exit 2) and a failure no command
+    caught as one line too (exit 1), instead of click's usage block or a traceback.
+    LLM_WATCHDOG_DEBUG=1 lets the traceback through."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        inner = super().main
+        if not standalone_mode:
+            return inner(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = inner(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "llm-watchdog"
+            click.echo(
+                f"{where}: {printable(exc.format_message())} (see `{where} --help`)", err=True
+            )
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("llm-watchdog: aborted", err=True)
+            sys.exit(EXIT_FAILURE)
+        except (KeyboardInterrupt, EOFError):
+            click.echo("llm-watchdog: interrupted", err=True)
+            sys.exit(EXIT_FAILURE)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # `llm-watchdog history | head`
+                sys.exit(EXIT_FAILURE)
+            self._internal(exc)
+        except Exception as exc:
+            self._internal(exc)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    @staticmethod
+    def _internal(exc: BaseException) -> None:
+        if os.environ.get("LLM_WATCHDOG_DEBUG") == "1":
+            raise exc
+        detail = printable(" ".join(str(exc).split()))[:300]
+        click.echo(
+            f"llm-watchdog: unexpected {type(exc).__name__}: {detail} (a bug: run again with "
+            "LLM_WATCHDOG_DEBUG=1 for the traceback and report it)",
+            err=True,
+        )
+        sys.exit(EXIT_FAILURE)
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
     "config_path",

@@ -54,8 +54,9 @@ def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fm
 
     settings = settings_from(ctx)
     now = time.time()
+    since_ts, until_ts = when_arg(since, now), when_arg(until, now)
     with open_store(settings, read_only=True) as store:
-        rows = events(store, when_arg(since, now), when_arg(until, now))
+        rows = events(store, since_ts, until_ts)
     if only_open:
         rows = [r for r in rows if r["end_ts"] is None]
     for r in rows:
