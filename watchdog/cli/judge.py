@@ -306,8 +306,10 @@ def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
     if trace == "-":
         import tempfile
 
-        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as tmp:
-            tmp.write(sys.stdin.read())
+        import shutil
+
+        with tempfile.NamedTemporaryFile("wb", suffix=".csv", delete=False) as tmp:
+            shutil.copyfileobj(sys.stdin.buffer, tmp)  # streamed: a trace may be large
         path = tmp.name
     try:
         found = replay_file(path, settings.drift_config())

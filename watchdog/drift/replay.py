@@ -2,8 +2,10 @@
 
 The trace is the replay-trace CSV (README.md, "Replay traces"; docs/drift.md): a header row,
 one row per canary probe, `ts` and `ttft_ms` required, every other column optional and any
-cell but `ts` may be empty. The whole file is parsed and checked before the first observation
-is replayed, so a bad row is reported with its line number and nothing is half-written.
+cell but `ts` may be empty. A bad row is reported with its line number and no event is
+reported when any row is bad. `replay_file` checks and replays in one streaming pass: rows
+are read, checked and handed to the monitor one at a time, so memory does not grow with the
+trace (a 300k-row trace held as a list took 372 MB).
 
 When the trace has no `cold` column, cold starts are classified the way the daemon does it
 (`classify_cold`): the first probe, and the first after a gap longer than `idle_after_s`.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,23 +132,72 @@ def parse_trace(path: str | Path, *, idle_after_s: float = 300.0) -> list[Observ
 
     `idle_after_s` is the gap that makes a probe cold when the trace has no `cold` column.
     """
-    name = str(path)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            return _parse(csv.reader(f), name, idle_after_s)
-    except FileNotFoundError:
-        raise ReplayError(f"{name}: no such file; check the path") from None
-    except IsADirectoryError:
-        raise ReplayError(f"{name}: is a directory, not a CSV trace") from None
-    except UnicodeDecodeError as exc:
+    problems = _Problems()
+    with _reading(path) as reader:
+        observations = list(_observations(reader, str(path), idle_after_s, problems))
+    problems.raise_any(str(path))
+    return observations
+
+
+class _Problems:
+    """Bad rows: the first MAX_LISTED named, the rest counted, however many there are."""
+
+    def __init__(self) -> None:
+        self.listed: list[tuple[int, str]] = []
+        self.lines: list[int] = []
+        self.count = 0
+
+    def add(self, line: int, message: str) -> None:
+        self.count += 1
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append((line, message))
+        if len(self.lines) < 10_000:
+            self.lines.append(line)
+
+    def raise_any(self, name: str) -> None:
+        if not self.count:
+            return
+        listed = "; ".join(f"line {ln}: {msg}" for ln, msg in self.listed)
+        more = f" (and {self.count - MAX_LISTED} more)" if self.count > MAX_LISTED else ""
+        count = "1 bad row" if self.count == 1 else f"{self.count} bad rows"
         raise ReplayError(
-            f"{name}: not UTF-8 text ({exc.reason}); export the trace again as CSV"
-        ) from None
-    except csv.Error as exc:
-        raise ReplayError(f"{name}: not a readable CSV file ({exc})") from None
+            f"{name}: {count}, nothing replayed: {listed}{more}; fix the rows and run replay again",
+            self.listed[0][0],
+            self.lines,
+        )
 
 
-def _parse(reader: Iterable[list[str]], name: str, idle_after_s: float) -> list[Observation]:
+class _reading:
+    """A csv reader over the trace; the ways a file cannot be read become ReplayError."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+        self.name = str(path)
+        self._file: Any = None
+
+    def __enter__(self) -> Any:
+        try:
+            self._file = open(self.path, newline="", encoding="utf-8-sig")
+        except FileNotFoundError:
+            raise ReplayError(f"{self.name}: no such file; check the path") from None
+        except IsADirectoryError:
+            raise ReplayError(f"{self.name}: is a directory, not a CSV trace") from None
+        return csv.reader(self._file)
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self._file.close()
+        if isinstance(exc, UnicodeDecodeError):
+            raise ReplayError(
+                f"{self.name}: not UTF-8 text ({exc.reason}); export the trace again as CSV"
+            ) from None
+        if isinstance(exc, csv.Error):
+            raise ReplayError(f"{self.name}: not a readable CSV file ({exc})") from None
+
+
+def _observations(
+    reader: Any, name: str, idle_after_s: float, problems: _Problems
+) -> Iterator[Observation]:
+    """The good rows as Observations, one at a time; bad ones go to `problems`."""
     rows = iter(reader)
     header: list[str] | None = None
     for cells in rows:
@@ -171,50 +222,36 @@ def _parse(reader: Iterable[list[str]], name: str, idle_after_s: float) -> list[
     known = set(REQUIRED) | set(OPTIONAL)
     keep = [(i, c) for i, c in enumerate(header) if c in known]
     has_cold = "cold" in header
+    width = len(header)
 
-    parsed: list[tuple[int, dict[str, Any], bool]] = []
-    problems: list[tuple[int, str]] = []
     last_ts: float | None = None
+    previous_ts: float | None = None  # cold classification when there is no `cold` column
     for cells in rows:
         line = getattr(reader, "line_num", 0)
-        if not any(c.strip() for c in cells):
+        if len(cells) != width:
+            if not any(c.strip() for c in cells):
+                continue
+            problems.add(line, f"expected {width} fields, found {len(cells)}")
             continue
-        if len(cells) != len(header):
-            problems.append((line, f"expected {len(header)} fields, found {len(cells)}"))
+        if not any(cells) or not any(c.strip() for c in cells):
             continue
         try:
-            values, cold_given = _row({c: cells[i] for i, c in keep})
+            values, _ = _row({c: cells[i] for i, c in keep})
         except _Bad as exc:
-            problems.append((line, str(exc)))
+            problems.add(line, str(exc))
             continue
         if last_ts is not None and values["ts"] < last_ts:
-            problems.append(
-                (line, f"ts {_ts(values['ts'])} is earlier than the row before ({_ts(last_ts)})")
+            problems.add(
+                line, f"ts {_ts(values['ts'])} is earlier than the row before ({_ts(last_ts)})"
             )
             continue
         last_ts = values["ts"]
-        parsed.append((line, values, cold_given))
-    if problems:
-        listed = "; ".join(f"line {ln}: {msg}" for ln, msg in problems[:MAX_LISTED])
-        more = f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
-        count = "1 bad row" if len(problems) == 1 else f"{len(problems)} bad rows"
-        raise ReplayError(
-            f"{name}: {count}, nothing replayed: {listed}{more}; fix the rows and run replay again",
-            problems[0][0],
-            [ln for ln, _ in problems],
-        )
-    if not has_cold:
-        _classify(parsed, idle_after_s)
-    return [Observation(**values) for _, values, _ in parsed]
-
-
-def _classify(parsed: list[tuple[int, dict[str, Any], bool]], idle_after_s: float) -> None:
-    previous: float | None = None
-    for _, values, _ in parsed:
-        values["cold"] = classify_cold(
-            ts=values["ts"], previous_ts=previous, idle_after_s=idle_after_s
-        ).cold
-        previous = values["ts"]
+        if not has_cold:
+            values["cold"] = classify_cold(
+                ts=values["ts"], previous_ts=previous_ts, idle_after_s=idle_after_s
+            ).cold
+            previous_ts = values["ts"]
+        yield Observation(**values)
 
 
 def replay_observations(
@@ -237,9 +274,16 @@ def replay_observations(
 
 
 def replay_file(path: str | Path, config: DriftConfig | None = None) -> list[DriftEvent]:
-    """Parse and check the whole trace, then replay it. Raises ReplayError on a bad trace."""
+    """Check and replay the trace in one streaming pass. Raises ReplayError on a bad trace,
+    with no events: the events of a trace with bad rows are thrown away."""
     cfg = config or DriftConfig()
-    return replay_observations(parse_trace(path, idle_after_s=cfg.idle_after_s), cfg)
+    problems = _Problems()
+    with _reading(path) as reader:
+        found = replay_observations(
+            _observations(reader, str(path), cfg.idle_after_s, problems), cfg
+        )
+    problems.raise_any(str(path))
+    return found
 
 
 def events_to_jsonl(events: Iterable[DriftEvent]) -> str:
