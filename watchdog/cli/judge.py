@@ -304,9 +304,8 @@ def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
         )
     path: Any = trace
     if trace == "-":
-        import tempfile
-
         import shutil
+        import tempfile
 
         with tempfile.NamedTemporaryFile("wb", suffix=".csv", delete=False) as tmp:
             shutil.copyfileobj(sys.stdin.buffer, tmp)  # streamed: a trace may be large
