@@ -311,7 +311,7 @@ def test_load_alerts_returns_settings_and_sinks() -> None:
             {},
             "alerts.sink[1].kinds: unknown kind 'chat_slow': expected some of chat_slowed, "
             "heat_warning, quality_failed, cold_start_slow, baseline_invalidated, "
-            "telemetry_lost, probes_failing, control_not_effective",
+            "telemetry_lost, probes_failing, control_not_effective, storage_failing",
         ),
     ],
 )

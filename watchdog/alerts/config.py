@@ -6,7 +6,7 @@ Keys (TOML; durations are seconds or text like "30s", "5m", "1h"):
     enabled = true              # false: nothing is sent
     kinds = ["chat_slowed", "heat_warning", "quality_failed", "cold_start_slow",
              "baseline_invalidated", "telemetry_lost", "probes_failing",
-             "control_not_effective"]   # default: every kind alerts
+             "control_not_effective", "storage_failing"]   # default: every kind alerts
     min_severity = "info"       # info | warning | critical
     max_per_window = 5          # firing alerts per kind per window; more are held and
     window = "1h"               #   summed up in one message when the window has room
