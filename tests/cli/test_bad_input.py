@@ -47,6 +47,7 @@ BAD_ARGUMENTS = [
     ("check-config", "--bogus"),
     ("run", "--bogus"),
     ("install", "--bogus"),
+    ("uninstall", "--bogus"),
     ("no-such-command",),
     ("--no-such-option",),
 ]
