@@ -10,7 +10,9 @@ cleanly: every server and thread it started is stopped before it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import secrets
 import statistics
 import tempfile
@@ -28,7 +30,7 @@ from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.nvml.throttle import reason_names
+from llm_watchdog.nvml.throttle import is_thermal, reason_names
 from llm_watchdog.probe.engine import resolve_model
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.server import SimLab
@@ -63,6 +65,7 @@ class DemoResult:
     batch: dict[str, Any] = field(default_factory=dict)
     # (label, start s, end s) of the scenario's phases, in the demo's real seconds.
     phases: list[tuple[str, float, float]] = field(default_factory=list)
+    started_at: float = 0.0  # unix time of demo second 0 (alerts carry unix times)
 
 
 class _ScreenSink:
@@ -177,6 +180,7 @@ def run_demo(
         alerts = AlertManager([_ScreenSink(say, result)], store)
         started.append(alerts.close)
         t0 = time.monotonic()
+        result.started_at = time.time()
 
         def on_probe(r: ProbeResult, g: GpuSample | None) -> None:
             steer = daemon.steer
@@ -189,7 +193,18 @@ def run_demo(
                 result.allowances.append((t, allowance))
             say(_line(t, r, g, allowance))
 
+        # The engine runs in this process: NVML lists it as the card's compute process.
+        lab.nvml.set_compute_pids(0, [os.getpid()])
         daemon = Daemon(settings, store, nvml=lab.nvml, alerts=alerts, on_probe=on_probe)
+        if daemon.judge is not None:
+            # The card's minutes pass time_scale times faster: so does the heat trend's window.
+            cfg = daemon.judge.drift_config
+            daemon.judge.drift_config = dataclasses.replace(
+                cfg,
+                heat_window_s=cfg.heat_window_s / opts.time_scale,
+                heat_horizon_s=cfg.heat_horizon_s / opts.time_scale,
+                heat_min_span_s=cfg.heat_min_span_s / opts.time_scale,
+            )
         daemon.startup()
         daemon.start_jobs()
         started.append(lambda: daemon.shutdown(timeout_s=5))
@@ -225,6 +240,68 @@ def _phases(scenario: Any, opts: DemoOptions) -> list[tuple[str, float, float]]:
         start, ambient = at, new
     out.append((f"air {ambient:.0f} °C", start, opts.duration_s + 60))
     return out
+
+
+def story(result: DemoResult) -> list[tuple[float, str, str]]:
+    """The heat story in the order it happened: (demo seconds, step, detail).
+
+    Steps: heat_warning, throttled (the first probe with a thermal bit), chat_slowed (with its
+    cause), cut (the first allowance cut after the warning or the slowdown), fans_back (the
+    scenario's ambient returns), resolved (the slowdown's event ends), regrown (the first
+    raise of the allowance after the resolve).
+    """
+    t0 = result.started_at
+    steps: list[tuple[float, str, str]] = []
+
+    def at(ts: float) -> float:
+        return ts - t0
+
+    def first_alert(kind: str, state: str) -> AlertEvent | None:
+        return next((a for a in result.alerts if a.kind == kind and a.state == state), None)
+
+    warn = first_alert("heat_warning", "firing")
+    if warn is not None:
+        steps.append((at(warn.ts), "heat_warning", warn.message))
+    hot = next(
+        (
+            (t, g)
+            for t, _, g, _ in result.probes
+            if g is not None and is_thermal(g.throttle_reasons)
+        ),
+        None,
+    )
+    if hot is not None:
+        steps.append(
+            (hot[0], "throttled", f"{hot[1].temp_c:.0f} °C, SM {hot[1].sm_clock_mhz:.0f} MHz")
+        )
+    slow = first_alert("chat_slowed", "firing")
+    if slow is not None:
+        steps.append((at(slow.ts), "chat_slowed", f"({slow.cause}) {slow.message}"))
+    begin = min(
+        (t for t, step, _ in steps if step in ("heat_warning", "chat_slowed")), default=None
+    )
+    if begin is not None:
+        prev = None
+        for t, a in result.allowances:
+            if prev is not None and a < prev and t >= begin:
+                steps.append((t, "cut", f"batch allowance {prev} → {a}"))
+                break
+            prev = a
+    for label, start, _ in result.phases[2:3]:
+        steps.append((start, "fans_back", label))
+    done = None
+    if slow is not None:
+        done = next((a for a in result.alerts if a.key == slow.key and a.state == "resolved"), None)
+        if done is not None:
+            steps.append((at(done.ts), "resolved", done.message))
+    if done is not None:
+        prev = None
+        for t, a in result.allowances:
+            if prev is not None and a > prev and t >= at(done.ts):
+                steps.append((t, "regrown", f"batch allowance {prev} → {a}"))
+                break
+            prev = a
+    return sorted(steps, key=lambda s: s[0])
 
 
 def summary(result: DemoResult) -> list[str]:
@@ -265,6 +342,11 @@ def summary(result: DemoResult) -> list[str]:
     fired = [a for a in result.alerts if a.state == "firing"]
     for a in fired:
         lines.append(f"  alert            {a.kind} ({a.cause}): {a.message}")
+    told = story(result)
+    if told:
+        lines.append("  what happened, in order")
+        for t, step, detail in told:
+            lines.append(f"    {t:5.0f}s {step:<13} {detail}")
     if result.batch:
         lines.append(
             f"  batch job        {result.batch['ok']} documents done, "

@@ -25,10 +25,11 @@ from llm_watchdog.drift import (
     observation_from,
     replay_file,
 )
-from llm_watchdog.drift.replay import CONTRACT_COLUMNS
+from llm_watchdog.drift.replay import CONTRACT_COLUMNS, THRESHOLD_COLUMNS
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.store.db import probe_from_row, sample_from_row
 from llm_watchdog.store.records import baselines, deliveries, events, reset_baselines, save_baseline
+from llm_watchdog.store.thresholds import learned_thresholds
 
 # ---- drift ----------------------------------------------------------------------------------
 
@@ -229,7 +230,7 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 
 def _trace_columns() -> tuple[str, ...]:
-    return (*CONTRACT_COLUMNS, "temp_slowdown_c")
+    return (*CONTRACT_COLUMNS, *THRESHOLD_COLUMNS)
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
@@ -237,6 +238,14 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
     nearest = _nearest_sampler(samples)
+    learned = learned_thresholds(store)
+
+    def target_c(g: Any) -> float | None:
+        # The card's target temperature, else the one it was first seen to throttle at.
+        if g is None:
+            return None
+        return g.temp_target_c if g.temp_target_c is not None else learned.get(g.uuid)
+
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_trace_columns())
     n = 0
@@ -267,6 +276,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
                     g.throttle_reasons if g else None,
                     r.get("batch_inflight"),
                     r.get("batch_allowance"),
+                    target_c(g),
                     g.temp_slowdown_c if g else None,
                 )
             ]

@@ -54,6 +54,9 @@ PRIOR_PROBES = 20.0
 ELASTICITY_BOUNDS = (0.2, 1.5)
 # A part smaller than this share of the rise is not named beside the other.
 MINOR_SHARE = 0.15
+# The clock's part of a mixed rise is judged on the latest few probes: the clock a throttle
+# has just pulled down, not the median of a window that began before it fell.
+NOW_PROBES = 3
 
 
 class ClockElasticity:
@@ -90,7 +93,9 @@ def split_causes(ev: dict[str, Any], elasticity: float, load_up: bool) -> dict[s
     the rest when more batch is in flight than at baseline, else the rest is left unnamed and
     the clock's share is of the explained part only.
     """
-    ratio, ttft_ratio = ev.get("sm_clock_ratio"), ev.get("ttft_ratio")
+    ratio, ttft_ratio = ev.get("sm_clock_ratio_now"), ev.get("ttft_ratio")
+    if ratio is None:
+        ratio = ev.get("sm_clock_ratio")
     if ttft_ratio is None or ttft_ratio <= 1.0:
         return None
     total = math.log(ttft_ratio)
@@ -204,6 +209,7 @@ class TelemetryWindow:
             "sm_clock_max_mhz": last.sm_clock_max_mhz if last else None,
             "baseline_sm_clock_mhz": baseline.sm_clock_mhz if baseline else None,
             "sm_clock_ratio": ratio,
+            "sm_clock_ratio_now": self.clock_ratio(baseline, NOW_PROBES),
             "gpu_temp_c": temp,
             "baseline_temp_c": baseline.temp_c if baseline else None,
             # Where the clocks start to fall, and which threshold that is (thresholds.SOURCES).
@@ -253,7 +259,7 @@ def attribute(ev: dict[str, Any], config: DriftConfig) -> str:
     power_w, limit_w = ev["power_w"], ev["power_limit_w"]
     at_cap = power_w is not None and bool(limit_w) and power_w >= AT_CAP_SHARE * limit_w
     load_up = load_is_up(ev, config)
-    if clock_down or (bits and not load_up):
+    if clock_down or bits:
         if bits:
             clock_cause = "thermal" if thermal_share >= power_share else "power"
         elif hot:
@@ -262,9 +268,12 @@ def attribute(ev: dict[str, Any], config: DriftConfig) -> str:
             clock_cause = "power"
         else:
             clock_cause = "unknown"
-        split = ev.get("clock_load_split")
-        if load_up and split and split["load"] > split["clock"]:
-            return "load"  # both at once, and batch in flight explains more of the rise
+        if load_up:  # both at once: the part that explains more of the rise names the cause
+            split = ev.get("clock_load_split")
+            if split is not None:
+                return "load" if split["load"] > split["clock"] else clock_cause
+            if not clock_down:
+                return "load"
         return clock_cause
     if load_up:
         return "load"

@@ -15,6 +15,7 @@ of a lost GPU, a field gone missing).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -358,3 +359,30 @@ class FakeNvml:
 def standalone_nvml(params: GpuParams, clock: Callable[[], float], load: float = 0.0) -> FakeNvml:
     """A fake NVML over one card under a fixed load (tests, quick looks)."""
     return FakeNvml([StandaloneDevice(params, load)], clock)
+
+
+def two_gpu_nvml(
+    params: GpuParams, clock: Callable[[], float], load: float = 1.0
+) -> tuple[FakeNvml, list[StandaloneDevice]]:
+    """Two cards serving one engine (tensor parallel) under the same load; only the second
+    overheats: its cooler is clogged (twice the thermal resistance) and it reports no target
+    temperature, so its clocks fall at GPU_MAX. Both list pid 4242 as a compute process."""
+    first = dataclasses.replace(params, name=params.name + " #0", uuid=params.uuid[:-1] + "0")
+    second = dataclasses.replace(
+        params,
+        name=params.name + " #1",
+        uuid=params.uuid[:-1] + "1",
+        thermal_resistance_c_per_w=2.0 * params.thermal_resistance_c_per_w,
+        thermal_resistance_fan_min_c_per_w=2.0 * params.thermal_resistance_fan_min_c_per_w,
+        temp_target_c=None,
+        temp_target_min_c=None,
+        temp_target_max_c=None,
+    )
+    devices = [StandaloneDevice(first, load), StandaloneDevice(second, load)]
+    nvml = FakeNvml(devices, clock)
+    for i in range(2):
+        nvml.set_compute_pids(i, [TWO_GPU_ENGINE_PID])
+    return nvml, devices
+
+
+TWO_GPU_ENGINE_PID = 4242
