@@ -52,6 +52,7 @@ MIN_EXPLAINING_DROP = 0.03
 ELASTICITY_PRIOR = 1.0
 PRIOR_PROBES = 20.0
 ELASTICITY_BOUNDS = (0.2, 1.5)
+LEARN_BELOW_RATIO = 0.9
 # A part smaller than this share of the rise is not named beside the other.
 MINOR_SHARE = 0.15
 # The clock's part of a mixed rise is judged on the latest few probes: the clock a throttle
@@ -73,7 +74,9 @@ class ClockElasticity:
         self.n = 0
 
     def add(self, log_ttft_rise: float, clock_ratio: float) -> None:
-        if not 0.1 < clock_ratio <= 1.5:
+        # Only real clock drops teach it: a few bins of jitter come and go with the batch's own
+        # prefills (SwPowerCap while they run), so they would credit load to the clock.
+        if not 0.1 < clock_ratio <= LEARN_BELOW_RATIO:
             return
         x = math.log(1.0 / clock_ratio)
         self._sxx += x * x
@@ -259,6 +262,10 @@ def attribute(ev: dict[str, Any], config: DriftConfig) -> str:
     power_w, limit_w = ev["power_w"], ev["power_limit_w"]
     at_cap = power_w is not None and bool(limit_w) and power_w >= AT_CAP_SHARE * limit_w
     load_up = load_is_up(ev, config)
+    # The clock may have fallen only in the last few probes of a window that began with the
+    # load (the CUSUM's onset): the newest clocks count too.
+    now = ev.get("sm_clock_ratio_now")
+    clock_down = clock_down or (now is not None and now <= 1.0 - config.clock_drop_cause)
     if clock_down or bits:
         if bits:
             clock_cause = "thermal" if thermal_share >= power_share else "power"
