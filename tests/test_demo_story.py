@@ -1,0 +1,36 @@
+"""`llm-watchdog demo`, shortened, tells the heat story in order and with the right causes."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_watchdog.demo import DemoOptions, run_demo, story, summary
+
+ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_path):
+    said: list[str] = []
+    opts = DemoOptions(
+        duration_s=165, time_scale=25, baseline_probes=20, db_path=tmp_path / "demo.db"
+    )
+    result = run_demo(opts, say=said.append)
+    told = story(result)
+    steps = [step for _, step, _ in told]
+    assert all(s in steps for s in ORDER), (steps, said[-40:])
+    first = {s: next(t for t, step, _ in told if step == s) for s in ORDER}
+    assert [first[s] for s in ORDER] == sorted(first[s] for s in ORDER), told
+    # The warning names the threshold where the clocks fall, and leads the throttle by at
+    # least a minute of the card's time (time_scale seconds of it per demo second).
+    warn = next(a for a in result.alerts if a.kind == "heat_warning" and a.state == "firing")
+    assert "target temperature 83 °C" in warn.message
+    assert (first["throttled"] - first["heat_warning"]) * opts.time_scale >= 60.0
+    slow = next(a for a in result.alerts if a.kind == "chat_slowed" and a.state == "firing")
+    shares = slow.fields["evidence"].get("cause_shares") or {}
+    assert slow.cause == "thermal" or max(shares, key=shares.get, default="") == "thermal"
+    resolved = next(a for a in result.alerts if a.key == slow.key and a.state == "resolved")
+    assert "back to" in resolved.message  # says what ended it
+    lines = summary(result)
+    assert "  what happened, in order" in lines
