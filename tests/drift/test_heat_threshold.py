@@ -154,8 +154,9 @@ def test_replay_reads_the_threshold_columns(tmp_path: Path) -> None:
     assert warn.evidence["temp_slowdown_c"] == TARGET_C
     assert (first_hot - round((warn.start_ts - T0) / 10)) * 10 >= 60
     # Without the target column the same trace warns against SLOWDOWN, as before.
-    path.write_text("\n".join(line.rsplit(",", 2)[0] + "," + line.rsplit(",", 1)[1]
-                              for line in lines) + "\n")
+    path.write_text(
+        "\n".join(line.rsplit(",", 2)[0] + "," + line.rsplit(",", 1)[1] for line in lines) + "\n"
+    )
     assert parse_trace(path)[0].temp_target_c is None
 
 

@@ -31,8 +31,12 @@ def test_export_writes_the_target_and_slowdown_columns(db_path) -> None:
         store.record_gpu_samples(
             [
                 GpuSample(
-                    ts=T0, gpu_index=0, uuid="GPU-a", temp_c=70.0,
-                    temp_target_c=83.0, temp_slowdown_c=93.0,
+                    ts=T0,
+                    gpu_index=0,
+                    uuid="GPU-a",
+                    temp_c=70.0,
+                    temp_target_c=83.0,
+                    temp_slowdown_c=93.0,
                 )
             ]
         )

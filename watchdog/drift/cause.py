@@ -96,9 +96,12 @@ def split_causes(ev: dict[str, Any], elasticity: float, load_up: bool) -> dict[s
     the rest when more batch is in flight than at baseline, else the rest is left unnamed and
     the clock's share is of the explained part only.
     """
-    ratio, ttft_ratio = ev.get("sm_clock_ratio_now"), ev.get("ttft_ratio")
+    # Both parts on the latest probes: a window's median lags a rise still under way.
+    ratio, ttft_ratio = ev.get("sm_clock_ratio_now"), ev.get("ttft_ratio_now")
     if ratio is None:
         ratio = ev.get("sm_clock_ratio")
+    if ttft_ratio is None:
+        ttft_ratio = ev.get("ttft_ratio")
     if ttft_ratio is None or ttft_ratio <= 1.0:
         return None
     total = math.log(ttft_ratio)
@@ -197,11 +200,18 @@ class TelemetryWindow:
         ttft_ratio = (
             stats.median(warm) / baseline.ttft_p50_ms if warm and baseline is not None else None
         )
+        warm_now = [o.ttft_ms for o in self.recent(NOW_PROBES) if o.usable_ttft and not o.cold]
+        ttft_ratio_now = (
+            stats.median([t for t in warm_now if t]) / baseline.ttft_p50_ms
+            if warm_now and baseline is not None
+            else None
+        )
         inflight = [o.batch_inflight for o in obs if o.batch_inflight is not None]
         powers = [o.power_w for o in obs if o.power_w is not None]
         return {
             "window_probes": len(obs),
             "ttft_ratio": ttft_ratio,
+            "ttft_ratio_now": ttft_ratio_now,
             "thermal_bits_share": thermal / n_bits if n_bits else None,
             "power_bits_share": power / n_bits if n_bits else None,
             "reasons_on_s": {

@@ -28,9 +28,7 @@ def serving_indices(
     return mine or list(sampled)
 
 
-def worst_gpu(
-    samples: Sequence[GpuSample], onsets: Mapping[int, Onset | None]
-) -> GpuSample | None:
+def worst_gpu(samples: Sequence[GpuSample], onsets: Mapping[int, Onset | None]) -> GpuSample | None:
     """The sample of the GPU the engine waits on most (see the module docstring)."""
 
     def key(s: GpuSample) -> tuple[bool, float, float]:
