@@ -7,6 +7,16 @@ import pytest
 from llm_watchdog.demo import DemoOptions, run_demo, story, summary
 
 ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
+# The control loop reads chat's p95 every 2 s and may cut a probe or two before the detector
+# confirms the slowdown: the cut must follow the warning, not necessarily the alert.
+AFTER = {
+    "throttled": "heat_warning",
+    "chat_slowed": "throttled",
+    "cut": "heat_warning",
+    "fans_back": "chat_slowed",
+    "resolved": "fans_back",
+    "regrown": "resolved",
+}
 
 
 @pytest.mark.slow
@@ -14,14 +24,16 @@ ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolv
 def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_path):
     said: list[str] = []
     opts = DemoOptions(
-        duration_s=165, time_scale=25, baseline_probes=20, db_path=tmp_path / "demo.db"
+        duration_s=180, time_scale=25, baseline_probes=20, db_path=tmp_path / "demo.db"
     )
     result = run_demo(opts, say=said.append)
     told = story(result)
     steps = [step for _, step, _ in told]
-    assert all(s in steps for s in ORDER), (steps, said[-40:])
+    assert all(s in steps for s in ORDER), (steps, summary(result))
     first = {s: next(t for t, step, _ in told if step == s) for s in ORDER}
-    assert [first[s] for s in ORDER] == sorted(first[s] for s in ORDER), told
+    for step, before in AFTER.items():
+        assert first[before] <= first[step], (before, step, told)
+    assert first["cut"] < first["fans_back"], told
     # The warning names the threshold where the clocks fall, and leads the throttle by at
     # least a minute of the card's time (time_scale seconds of it per demo second).
     warn = next(a for a in result.alerts if a.kind == "heat_warning" and a.state == "firing")
