@@ -29,7 +29,8 @@ def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_p
     result = run_demo(opts, say=said.append)
     told = story(result)
     steps = [step for _, step, _ in told]
-    assert all(s in steps for s in ORDER), (steps, summary(result))
+    if not all(s in steps for s in ORDER):
+        pytest.fail("steps missing from the story:\n" + "\n".join(summary(result)))
     first = {s: next(t for t, step, _ in told if step == s) for s in ORDER}
     for step, before in AFTER.items():
         assert first[before] <= first[step], (before, step, told)

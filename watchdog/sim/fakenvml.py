@@ -378,7 +378,8 @@ def two_gpu_nvml(
         temp_target_min_c=None,
         temp_target_max_c=None,
     )
-    devices = [StandaloneDevice(first, load), StandaloneDevice(second, load)]
+    now = clock()
+    devices = [StandaloneDevice(first, load, now), StandaloneDevice(second, load, now)]
     nvml = FakeNvml(devices, clock)
     for i in range(2):
         nvml.set_compute_pids(i, [TWO_GPU_ENGINE_PID])
