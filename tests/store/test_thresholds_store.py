@@ -50,3 +50,19 @@ def test_export_writes_the_target_and_slowdown_columns(db_path) -> None:
     assert (rows[0]["temp_target_c"], rows[0]["temp_slowdown_c"]) == ("83.0", "93.0")
     # A card without a target gets the temperature it was first seen to throttle at.
     assert (rows[1]["temp_target_c"], rows[1]["temp_slowdown_c"]) == ("79.0", "")
+
+
+def test_export_takes_the_gpu_the_daemon_judged_the_worst_of_those_sampled(db_path) -> None:
+    with Store(db_path) as store:
+        store.record_probe(probe_result(T0 + 1), None)
+        store.record_gpu_samples(
+            [
+                GpuSample(ts=T0, gpu_index=0, uuid="GPU-a", temp_c=80.0, temp_target_c=90.0),
+                # Cooler, but nearer the temperature its clocks fall at.
+                GpuSample(ts=T0, gpu_index=1, uuid="GPU-b", temp_c=78.0, temp_target_c=79.0),
+            ]
+        )
+        out = io.StringIO()
+        export_trace(store, None, None, out)
+    (row,) = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert (row["gpu_temp_c"], row["temp_target_c"]) == ("78.0", "79.0")

@@ -64,6 +64,7 @@ class HeatWatch:
         *,
         chat_slowed: bool,
         slowed_by_heat: bool = False,
+        throttled: bool = False,
     ) -> str | None:
         """OPEN, CLOSE or None for the latest reading.
 
@@ -86,8 +87,11 @@ class HeatWatch:
                 self._clear = 0
                 return OPEN
             return None
+        # A card held at its threshold by a thermal slowdown sits a degree or two under it,
+        # and the warning came true: it stays open while the bit is on.
         clear = (
             not slowed_by_heat
+            and not throttled
             and temp_c is not None
             and slowdown_c is not None
             and temp_c <= slowdown_c - CLEAR_MARGIN_C

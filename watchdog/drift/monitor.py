@@ -214,6 +214,7 @@ class DriftMonitor:
             self._slowdown_c,
             chat_slowed=latency is not None,
             slowed_by_heat=latency is not None and latency.cause == "thermal",
+            throttled=throttle.is_thermal(obs.throttle_reasons),
         )
         if change == heat.OPEN:
             events.append(self._open_heat(obs))
