@@ -38,6 +38,8 @@ from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.server import SimLab
 from llm_watchdog.store.db import Store
 
+BATCH_SETTLE_S = 5.0  # the batch job runs this long before the daemon starts
+
 
 @dataclass
 class DemoOptions:
@@ -193,8 +195,16 @@ def run_demo(
         started.append(store.close)
         alerts = AlertManager([_ScreenSink(say, result)], store)
         started.append(alerts.close)
-        t0 = time.monotonic()
-        result.started_at = time.time()
+        # The batch job was running before the watchdog came: its first requests, let in
+        # together, would otherwise be the control loop's first reading and the baseline's.
+        load = BatchLoad(
+            gw.url, model, opts.batch_streams, words=opts.document_words, max_tokens=120
+        ).start()
+        started.append(load.stop)
+        stop.wait(BATCH_SETTLE_S)
+        # Demo second 0 is the lab's: the scenario's schedule counts from there.
+        t0 = time.monotonic() - lab.now()
+        result.started_at = time.time() - lab.now()
 
         def on_probe(r: ProbeResult, g: GpuSample | None) -> None:
             steer = daemon.steer
@@ -222,11 +232,7 @@ def run_demo(
         daemon.startup()
         daemon.start_jobs()
         started.append(lambda: daemon.shutdown(timeout_s=5))
-        load = BatchLoad(
-            gw.url, model, opts.batch_streams, words=opts.document_words, max_tokens=120
-        ).start()
-        started.append(load.stop)
-        stop.wait(opts.duration_s)
+        stop.wait(max(0.0, opts.duration_s - lab.now()))
         result.batch = load.stats.as_dict()
     finally:
         for fn in reversed(started):
