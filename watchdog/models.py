@@ -73,6 +73,8 @@ class GpuInfo:
     sm_clock_max_mhz: float | None
     mem_clock_max_mhz: float | None
     power_limit_default_w: float | None
+    # NVML ACOUSTIC_CURR, the "GPU Target Temperature": where GeForce clocks start to fall.
+    temp_target_c: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class GpuSample:
     thermal_violation_ms: float | None = None  # time throttled by heat since the previous sample
     power_violation_ms: float | None = None  # power-capped time since previous sample
     temp_slowdown_c: float | None = None
+    temp_target_c: float | None = None  # NVML ACOUSTIC_CURR, from GpuInfo
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

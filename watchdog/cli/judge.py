@@ -33,10 +33,13 @@ from llm_watchdog.drift import (
     observation_from,
     replay_file,
 )
-from llm_watchdog.drift.replay import CONTRACT_COLUMNS
+from llm_watchdog.drift.replay import CONTRACT_COLUMNS, THRESHOLD_COLUMNS
 from llm_watchdog.durations import parse_duration
+from llm_watchdog.nvml.serving import worst_gpu
+from llm_watchdog.nvml.thresholds import throttle_onset
 from llm_watchdog.store.db import probe_from_row, sample_from_row
 from llm_watchdog.store.records import baselines, deliveries, events, reset_baselines, save_baseline
+from llm_watchdog.store.thresholds import learned_thresholds
 
 # ---- drift ----------------------------------------------------------------------------------
 
@@ -217,19 +220,32 @@ def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any
     return daemon.fingerprint_id, observations
 
 
-def _nearest_sampler(samples: list[Any]) -> Any:
-    """The latest sample at or before a time (the first GPU), within 60 s; else None."""
-    first = sorted(
-        (s for s in samples if s.gpu_index == min((x.gpu_index for x in samples), default=0)),
-        key=lambda s: s.ts,
-    )
-    stamps = [s.ts for s in first]
+def _nearest_sampler(samples: list[Any], learned: dict[str, float] | None = None) -> Any:
+    """The GPU state a probe at `ts` was judged on: of each GPU's latest sample at or before it
+    (within 60 s), the worst one (llm_watchdog.nvml.serving.worst_gpu), as the daemon chose."""
+    by_gpu: dict[int, list[Any]] = {}
+    for s in sorted(samples, key=lambda s: s.ts):
+        by_gpu.setdefault(s.gpu_index, []).append(s)
+    stamps = {i: [s.ts for s in rows] for i, rows in by_gpu.items()}
+    learned = learned or {}
+
+    def onset(s: Any) -> Any:
+        return throttle_onset(
+            target_c=s.temp_target_c,
+            gpu_max_c=None,
+            slowdown_c=s.temp_slowdown_c,
+            learned_c=learned.get(s.uuid),
+        )
 
     def nearest(ts: float) -> Any:
-        i = bisect.bisect_right(stamps, ts) - 1
-        if i >= 0 and ts - stamps[i] <= 60:
-            return first[i]
-        return None
+        found = []
+        for i, rows in by_gpu.items():
+            k = bisect.bisect_right(stamps[i], ts) - 1
+            if k >= 0 and ts - stamps[i][k] <= 60:
+                found.append(rows[k])
+        if len(found) <= 1:
+            return found[0] if found else None
+        return worst_gpu(found, {s.gpu_index: onset(s) for s in found})
 
     return nearest
 
@@ -238,14 +254,22 @@ def _nearest_sampler(samples: list[Any]) -> Any:
 
 
 def _trace_columns() -> tuple[str, ...]:
-    return (*CONTRACT_COLUMNS, "temp_slowdown_c")
+    return (*CONTRACT_COLUMNS, *THRESHOLD_COLUMNS)
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
     """Write recorded probes as a replay trace (the CSV contract in the README, "Replay traces")."""
 
     samples = [sample_from_row(r) for r in store.gpu_samples(since_ts, until_ts)]
-    nearest = _nearest_sampler(samples)
+    learned = learned_thresholds(store)
+    nearest = _nearest_sampler(samples, learned)
+
+    def target_c(g: Any) -> float | None:
+        # The card's target temperature, else the one it was first seen to throttle at.
+        if g is None:
+            return None
+        return g.temp_target_c if g.temp_target_c is not None else learned.get(g.uuid)
+
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_trace_columns())
     n = 0
@@ -276,6 +300,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
                     g.throttle_reasons if g else None,
                     r.get("batch_inflight"),
                     r.get("batch_allowance"),
+                    target_c(g),
                     g.temp_slowdown_c if g else None,
                 )
             ]

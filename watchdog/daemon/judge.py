@@ -120,9 +120,13 @@ class Judge:
         gpu: GpuSample | None,
         *,
         temp_slowdown_c: float | None = None,
+        temp_target_c: float | None = None,
+        temp_threshold: str | None = None,
         batch_inflight: float | None = None,
         batch_allowance: float | None = None,
     ) -> list[DriftEvent]:
+        """Judge one probe beside the GPU it ran on; `temp_target_c` is where that GPU's clocks
+        start to fall and `temp_threshold` which threshold that is (nvml.thresholds)."""
         obs = observation_from(
             result,
             gpu,
@@ -130,6 +134,8 @@ class Judge:
             batch_inflight=batch_inflight,
             batch_allowance=batch_allowance,
             temp_slowdown_c=temp_slowdown_c,
+            temp_target_c=temp_target_c,
+            temp_threshold=temp_threshold,
         )
         events = self.monitor.observe(obs)
         learned = self.monitor.pop_new_baseline()

@@ -39,6 +39,8 @@ from llm_watchdog.drift import classify_cold
 from llm_watchdog.errors import EXIT_FAILURE, ConfigError, StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.reader import NvmlReader
+from llm_watchdog.nvml.serving import serving_indices, worst_gpu
+from llm_watchdog.nvml.thresholds import Onset, SlowdownLearner, onset_of
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.engine import (
     EngineInfo,
@@ -48,9 +50,10 @@ from llm_watchdog.probe.engine import (
     resolve_model,
 )
 from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
-from llm_watchdog.probe.procinfo import launch_command
+from llm_watchdog.probe.procinfo import launch_command, listening_pid, process_tree
 from llm_watchdog.probe.sets import ProbeSet, load_probe_set
 from llm_watchdog.store.db import Store
+from llm_watchdog.store.thresholds import learned_thresholds, save_learned_threshold
 
 log = logging.getLogger("llm_watchdog.daemon.service")
 
@@ -124,6 +127,11 @@ class Daemon:
             nvml=nvml, indices=indices, call_timeout_s=gpu.call_timeout_s, clock=clock
         )
         self.gpu_enabled = gpu.enabled
+        # gpu.indices set: judge on those; "all": on the GPUs the engine's processes run on.
+        self._indices_fixed = indices is not None
+        self.learner = SlowdownLearner()
+        self._engine_pids: set[int] = set()
+        self._compute_pids: dict[int, set[int]] = {}
         self.engine = EngineInfo(engine="unknown", version="unknown", models=(), props={})
         self.model: str | None = None if settings.server.model == "auto" else settings.server.model
         self.fingerprint: Fingerprint | None = None
@@ -175,6 +183,7 @@ class Daemon:
                         detail="no NVIDIA driver or NVML library: latency-only mode",
                     )
                 )
+            self.learner = SlowdownLearner(learned_thresholds(self.store))
         self.refresh_identity()
 
     def refresh_identity(self) -> None:
@@ -207,7 +216,20 @@ class Daemon:
                     old.close()
             elif self.model and self.prober.model != self.model:
                 self.prober.model = self.model
+        self._find_engine_gpus()
         self._record_fingerprint()
+
+    def _find_engine_gpus(self) -> None:
+        """The engine's process tree and the processes NVML sees on each GPU, re-read with the
+        fingerprint: an engine restarted on other cards is followed within a minute."""
+        if self._indices_fixed or not self.reader.available:
+            return
+        port = server_port(self.settings.server.url)
+        host = urlsplit(self.settings.server.url).hostname or ""
+        if port is not None and host in ("127.0.0.1", "localhost", "::1"):
+            pid = listening_pid(port, host="127.0.0.1" if host == "localhost" else host)
+            self._engine_pids = process_tree(pid) if pid is not None else set()
+        self._compute_pids = self.reader.compute_pids()
 
     def _launch_command(self) -> tuple[str | list[str] | None, str]:
         """The engine's command line and where it was read (the fingerprint's
@@ -310,11 +332,14 @@ class Daemon:
         if steer is not None:
             steer.canary(result)
         if self.judge is not None:
+            onset = self.onset(gpu)
             with self._judge_lock:
                 self.judge.observe(
                     result,
                     gpu,
                     temp_slowdown_c=self._slowdown_c(gpu),
+                    temp_target_c=onset.temp_c if onset else None,
+                    temp_threshold=onset.source if onset else None,
                     batch_inflight=result.batch_inflight,
                     batch_allowance=result.batch_allowance,
                 )
@@ -323,26 +348,44 @@ class Daemon:
         return result
 
     def serving_gpu(self) -> GpuSample | None:
-        """The GPU the probes are judged against: the first one sampled (see gpu.indices)."""
+        """The GPU the probes are judged against: the worst of those serving the engine (the
+        ones `gpu.indices` names, else the ones its processes run on, else all sampled)."""
         samples = self.last_samples
-        return samples[0] if samples else None
+        if not samples:
+            return None
+        if not self._indices_fixed:
+            wanted = serving_indices(
+                self._compute_pids, self._engine_pids, [s.gpu_index for s in samples]
+            )
+            samples = [s for s in samples if s.gpu_index in wanted]
+        return worst_gpu(samples, {s.gpu_index: self.onset(s) for s in samples})
 
-    def _slowdown_c(self, gpu: GpuSample | None) -> float | None:
+    def onset(self, gpu: GpuSample | None) -> Onset | None:
+        """Where this GPU's clocks start to fall (llm_watchdog.nvml.thresholds)."""
         if gpu is None:
             return None
-        if gpu.temp_slowdown_c is not None:
-            return gpu.temp_slowdown_c
-        for info in self.reader.infos():
-            if info.index == gpu.gpu_index:
-                limits = [t for t in (info.temp_slowdown_c, info.temp_gpu_max_c) if t]
-                return min(limits) if limits else None
-        return None
+        info = next((i for i in self.reader.infos() if i.index == gpu.gpu_index), None)
+        return onset_of(info, self.learner.get(gpu.uuid))
+
+    def _slowdown_c(self, gpu: GpuSample | None) -> float | None:
+        """NVML's SLOWDOWN, where hardware slowdown engages."""
+        return gpu.temp_slowdown_c if gpu is not None else None
 
     def sample_gpu(self) -> list[GpuSample]:
         samples, events = self.reader.sample()
         if samples:
             self.last_samples = samples
             self.store.record_gpu_samples(samples)
+            for sample in samples:
+                learned = self.learner.add(sample)
+                if learned is not None:
+                    save_learned_threshold(self.store, *learned, sample.ts, sample.gpu_index)
+                    log.info(
+                        "GPU %d (%s) first throttled for heat at %.0f °C; kept as its threshold",
+                        sample.gpu_index,
+                        learned[0],
+                        learned[1],
+                    )
             if self.steer is not None:
                 self.steer.gpu(self.serving_gpu())
         for ev in events:

@@ -106,7 +106,9 @@ class EventBook:
             ts=ts,
         )
 
-    def close(self, kind: str, ts: float) -> DriftEvent:
+    def close(self, kind: str, ts: float, why: str | None = None) -> DriftEvent:
+        """Close the open event of `kind`; `why` says what ended it, in the message."""
         rec = self.open.pop(kind)
-        rec.message = messages.closed_message(ts - rec.start_ts, rec.message)
+        why = why or rec.evidence.get("ended_because")
+        rec.message = messages.closed_message(ts - rec.start_ts, rec.message, why)
         return snapshot(rec, "closed", ts, end_ts=ts)

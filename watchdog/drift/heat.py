@@ -1,8 +1,11 @@
-"""Heat early warning: how long until the GPU reaches its thermal slowdown temperature.
+"""Heat early warning: how long until the GPU reaches the temperature its clocks fall at.
 
-A least-squares slope of temperature over the last `heat_window_s` (5 min) extrapolated to the
-slowdown threshold. When throttling is predicted within `heat_horizon_s` and chat has not
-slowed yet, that is a `heat_warning`: time to shed batch load before people notice.
+The threshold is where slowdown really begins (llm_watchdog.nvml.thresholds: the lowest of the
+target temperature, GPU_MAX and SLOWDOWN, or the learned one). The trend is a least-squares
+slope of temperature over the last `heat_window_s` (5 min), or over its last
+`heat_recent_share` when that is steeper (a stopped fan shows within a minute), extrapolated to
+the threshold. When throttling is predicted within `heat_horizon_s` and chat has not slowed
+yet, that is a `heat_warning`: time to shed batch load before people notice.
 """
 
 from __future__ import annotations
@@ -22,19 +25,26 @@ class HeatWatch:
     def __init__(self, config: DriftConfig) -> None:
         self.config = config
         self._slope = WindowSlope(config.heat_window_s)
+        self._recent = WindowSlope(config.heat_window_s * config.heat_recent_share)
         self.is_open = False
         self._clear = 0
 
     def add(self, ts: float, temp_c: float | None) -> None:
         if temp_c is not None:
             self._slope.add(ts, temp_c)
+            self._recent.add(ts, temp_c)
 
     def slope_c_per_min(self) -> float | None:
-        """Temperature trend in °C per minute; None with under 5 readings or 1 min of them."""
-        if len(self._slope) < 5 or self._slope.span_s < 60.0:
-            return None
-        s = self._slope.slope()
-        return None if s is None else s * 60.0
+        """Temperature trend in °C per minute, the steeper of the long and the recent window;
+        None with under 5 readings or `heat_min_span_s` of them."""
+        slopes = []
+        for w in (self._slope, self._recent):
+            min_span = min(self.config.heat_min_span_s, 0.8 * w.window_s)
+            if len(w) >= 5 and w.span_s >= min_span:
+                s = w.slope()
+                if s is not None:
+                    slopes.append(s * 60.0)
+        return max(slopes) if slopes else None
 
     def eta_s(self, temp_c: float | None, slowdown_c: float | None) -> float | None:
         """Seconds until slowdown at the present trend: 0 when there, None when not heading."""
@@ -54,6 +64,7 @@ class HeatWatch:
         *,
         chat_slowed: bool,
         slowed_by_heat: bool = False,
+        throttled: bool = False,
     ) -> str | None:
         """OPEN, CLOSE or None for the latest reading.
 
@@ -76,8 +87,11 @@ class HeatWatch:
                 self._clear = 0
                 return OPEN
             return None
+        # A card held at its threshold by a thermal slowdown sits a degree or two under it,
+        # and the warning came true: it stays open while the bit is on.
         clear = (
             not slowed_by_heat
+            and not throttled
             and temp_c is not None
             and slowdown_c is not None
             and temp_c <= slowdown_c - CLEAR_MARGIN_C

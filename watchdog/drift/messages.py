@@ -2,6 +2,10 @@
 
     Chat slowed under heat: p95 TTFT 1.9 s vs 0.8 s baseline; GPU 86 °C, SM 1450/1980 MHz,
     SwThermalSlowdown for 7 min
+    Chat slowed under heat and batch load (thermal 70 %, load 30 %): p95 TTFT ...
+
+The GPU figures are the newest reading the event was judged on (temperature, clock and bits
+as they are when the alert is sent), not a median over the minutes before it.
 
 Unknown figures are left out rather than printed as "None". Durations and latencies are
 spelled by llm_watchdog.durations, as in every alert.
@@ -11,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_watchdog.drift.cause import longest_reason
+from llm_watchdog.drift.cause import REASON_LABELS, longest_reason
 from llm_watchdog.durations import human_duration, human_ms
+from llm_watchdog.nvml import throttle
+from llm_watchdog.nvml.thresholds import SOURCES
 
 HEADLINES = {
     "thermal": "Chat slowed under heat",
@@ -22,22 +28,41 @@ HEADLINES = {
 }
 
 
+# Shares as a headline names them.
+SHARE_NAMES = {"thermal": "heat", "power": "the power cap", "load": "batch load"}
+
+
+def _gpu_name(ev: dict[str, Any]) -> str:
+    index = ev.get("gpu_index")
+    return "GPU" if index is None else f"GPU {index}"
+
+
+def _now_clock(ev: dict[str, Any]) -> float | None:
+    now = ev.get("sm_clock_now_mhz")
+    return now if now is not None else ev.get("sm_clock_mhz")
+
+
 def _gpu_part(ev: dict[str, Any], cause: str) -> list[str]:
     parts: list[str] = []
     temp = ev.get("gpu_temp_c")
     if temp is not None:
-        text = f"GPU {temp:.0f} °C"
+        text = f"{_gpu_name(ev)} {temp:.0f} °C"
         slope = ev.get("temp_slope_c_per_min")
         if cause == "thermal" and slope is not None and slope >= 0.2:
             text += f" rising {slope:.1f} °C/min"
         parts.append(text)
     if cause == "power" and ev.get("power_w") is not None and ev.get("power_limit_w"):
         parts.append(f"{ev['power_w']:.0f}/{ev['power_limit_w']:.0f} W")
-    clock, ceiling = ev.get("sm_clock_mhz"), ev.get("sm_clock_max_mhz")
+    clock, ceiling = _now_clock(ev), ev.get("sm_clock_max_mhz")
     if clock is not None:
         ref = ceiling or ev.get("baseline_sm_clock_mhz")
         parts.append(f"SM {clock:.0f}/{ref:.0f} MHz" if ref else f"SM {clock:.0f} MHz")
     reason = longest_reason(ev, cause) if cause in ("thermal", "power") else None
+    now = ev.get("reasons_now")
+    if reason and now is not None:  # only a bit that is still on now
+        bit = {v: k for k, v in REASON_LABELS.items()}.get(reason[0])
+        if bit is None or throttle.REASON_NAMES[bit] not in now:
+            reason = None
     if reason:  # a bit that just came on gets no duration ("for 0 s" reads like a bug)
         on_for = f" for {human_duration(reason[1])}" if reason[1] >= 30 else ""
         parts.append(reason[0] + on_for)
@@ -50,6 +75,12 @@ def latency_message(
     cause: str, p95_ms: float | None, baseline_p95_ms: float | None, ev: dict[str, Any]
 ) -> str:
     head = HEADLINES.get(cause, HEADLINES["unknown"])
+    shares = ev.get("cause_shares")
+    if shares:
+        ordered = sorted(shares.items(), key=lambda kv: (-kv[1], kv[0] != cause))
+        names = " and ".join(SHARE_NAMES.get(k, k) for k, _ in ordered)
+        split = ", ".join(f"{k} {100 * v:.0f} %" for k, v in ordered)
+        head = f"Chat slowed under {names} ({split})"
     line = (
         f"{head}: p95 TTFT {human_ms(p95_ms, scale_of=baseline_p95_ms)} vs "
         f"{human_ms(baseline_p95_ms, scale_of=p95_ms)} baseline"
@@ -59,23 +90,40 @@ def latency_message(
         inflight, base = ev.get("batch_inflight"), ev.get("baseline_batch_inflight")
         if inflight is not None:
             parts = [f"batch in flight {inflight:g} vs {base or 0:g} at baseline"]
-        if ev.get("sm_clock_mhz") is not None:
-            parts.append(f"SM {ev['sm_clock_mhz']:.0f} MHz steady")
+        clock, ref = _now_clock(ev), ev.get("baseline_sm_clock_mhz")
+        if clock is not None:
+            steady = ref is None or clock >= 0.97 * ref
+            ceiling = ev.get("sm_clock_max_mhz")
+            if steady:
+                parts.append(f"SM {clock:.0f} MHz steady")
+            else:
+                parts.append(f"SM {clock:.0f}/{ceiling or ref:.0f} MHz")
     return line + ("; " + ", ".join(parts) if parts else "")
 
 
-def closed_message(duration_s: float, opened_message: str) -> str:
-    return f"Resolved after {human_duration(duration_s)}: {opened_message}"
+def closed_message(duration_s: float, opened_message: str, why: str | None = None) -> str:
+    ended = f" ({why})" if why else ""
+    return f"Resolved after {human_duration(duration_s)}{ended}: {opened_message}"
+
+
+def threshold_phrase(ev: dict[str, Any]) -> str:
+    """"its target temperature 83 °C" or "slowdown at 93 °C": which threshold, and where."""
+    limit, source = ev.get("temp_slowdown_c"), ev.get("temp_threshold")
+    if limit is None:
+        return "thermal slowdown"
+    if source in SOURCES:
+        return f"its {SOURCES[source]} {limit:.0f} °C"
+    return f"slowdown at {limit:.0f} °C"
 
 
 def heat_message(ev: dict[str, Any]) -> str:
     temp, slope = ev.get("gpu_temp_c"), ev.get("temp_slope_c_per_min")
-    limit, eta = ev.get("temp_slowdown_c"), ev.get("time_to_slowdown_s")
+    eta = ev.get("time_to_slowdown_s")
     rise = f" rising {slope:.1f} °C/min" if slope else ""
     when = "now" if eta == 0 else f"in ~{human_duration(eta)}" if eta is not None else "soon"
     return (
-        f"GPU heating toward thermal slowdown: {temp:.0f} °C{rise}, slowdown at {limit:.0f} °C "
-        f"{when}; chat not slowed yet"
+        f"{_gpu_name(ev)} heating toward {threshold_phrase(ev)}, where its clocks start to "
+        f"fall: {temp:.0f} °C{rise}, there {when}; chat not slowed yet"
     )
 
 

@@ -11,6 +11,7 @@ heat early warning. Events come back in that order.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,14 @@ from typing import Any
 from llm_watchdog import stats
 from llm_watchdog.drift import heat, messages, watchers
 from llm_watchdog.drift.baseline import BaselineLearner, busy_clock
-from llm_watchdog.drift.cause import TelemetryWindow, attribute
+from llm_watchdog.drift.cause import (
+    ClockElasticity,
+    TelemetryWindow,
+    attribute,
+    load_is_up,
+    name_shares,
+    split_causes,
+)
 from llm_watchdog.drift.detector import ALARM, END, LatencyDetector
 from llm_watchdog.drift.events import EventBook, snapshot
 from llm_watchdog.drift.values import (
@@ -29,6 +37,7 @@ from llm_watchdog.drift.values import (
     Observation,
 )
 from llm_watchdog.nvml import throttle
+from llm_watchdog.nvml.thresholds import throttle_onset
 
 # The cause of an open event changes only after the new one has held for this many
 # consecutive probes, so one odd reading does not flip "thermal" to "load" and back.
@@ -83,7 +92,10 @@ class DriftMonitor:
         self._book = EventBook()
         self._open = self._book.open  # kind -> the open event of that kind
         self._last_ts: float | None = None
-        self._slowdown_c = self.config.temp_slowdown_c
+        self._slowdown_c = self.config.temp_slowdown_c  # where clocks start to fall
+        self._threshold: str | None = "slowdown" if self._slowdown_c is not None else None
+        self._hw_slowdown_c = self.config.temp_slowdown_c
+        self._elasticity = ClockElasticity()
         self._onset_ts: float | None = None  # last probe with the CUSUM at zero
         self._onset_n = 0  # observation count at that probe
         self._counts = {"probes": 0, "warm": 0, "cold": 0, "failed": 0}
@@ -163,8 +175,7 @@ class DriftMonitor:
             )
         self._last_ts = obs.ts
         self._counts["probes"] += 1
-        if obs.temp_slowdown_c is not None:
-            self._slowdown_c = obs.temp_slowdown_c
+        self._take_thresholds(obs)
         self._telemetry.add(obs)
         self._heat.add(obs.ts, obs.gpu_temp_c)
         events: list[DriftEvent] = []
@@ -188,6 +199,7 @@ class DriftMonitor:
             self._counts["warm"] += 1
             self._recent.append(obs.ttft_ms)
             events.extend(self._latency(obs, obs.ttft_ms))
+            self._learn_elasticity(obs, obs.ttft_ms)
 
         if obs.ok and obs.quality_pass is not None:
             change = self._quality.update(obs.ts, obs.quality_pass)
@@ -202,12 +214,40 @@ class DriftMonitor:
             self._slowdown_c,
             chat_slowed=latency is not None,
             slowed_by_heat=latency is not None and latency.cause == "thermal",
+            throttled=throttle.is_thermal(obs.throttle_reasons),
         )
         if change == heat.OPEN:
             events.append(self._open_heat(obs))
         elif change == heat.CLOSE:
-            events.append(self._book.close("heat_warning", obs.ts))
+            why = None
+            if obs.gpu_temp_c is not None and self._slowdown_c is not None:
+                why = f"{obs.gpu_temp_c:.0f} °C, under {self._slowdown_c:.0f} °C and not rising"
+            events.append(self._book.close("heat_warning", obs.ts, why))
         return events
+
+    def _take_thresholds(self, obs: Observation) -> None:
+        """Where this observation's GPU starts to slow: the lower of its target and SLOWDOWN."""
+        if obs.temp_slowdown_c is not None:
+            self._hw_slowdown_c = obs.temp_slowdown_c
+        onset = throttle_onset(
+            target_c=obs.temp_target_c, gpu_max_c=None, slowdown_c=obs.temp_slowdown_c
+        )
+        if onset is None:
+            return
+        self._slowdown_c = onset.temp_c
+        self._threshold = obs.temp_threshold if onset.source == "target" else onset.source
+        self._threshold = self._threshold or onset.source
+
+    def _learn_elasticity(self, obs: Observation, ttft_ms: float) -> None:
+        """Feed the clock elasticity from probes with batch in flight at its baseline level."""
+        b = self._baseline
+        clock = busy_clock(obs)
+        if b is None or not b.sm_clock_mhz or clock is None or ttft_ms <= 0:
+            return
+        base = b.batch_inflight or 0.0
+        if obs.batch_inflight is not None and obs.batch_inflight > base + 0.5:
+            return
+        self._elasticity.add(math.log(ttft_ms) - b.log_mu, clock / b.sm_clock_mhz)
 
     # -- latency --------------------------------------------------------------------------
 
@@ -233,7 +273,7 @@ class DriftMonitor:
         if result == ALARM:
             return [self._open_latency(obs)]
         if result == END:
-            return self._close_latency(obs.ts, None)
+            return self._close_latency(obs.ts, self._ended_by(rec, obs))
         if det.in_event:
             return self._update_latency(obs)
         return []
@@ -279,17 +319,30 @@ class DriftMonitor:
         # at least MIN_EVIDENCE_PROBES, at most the cause window.
         since = self._counts["probes"] - self._onset_n
         n = min(max(since, MIN_EVIDENCE_PROBES), self.config.cause_window)
-        return self._telemetry.evidence(
+        ev = self._telemetry.evidence(
             self._baseline,
             now=obs.ts,
             temp_slope_c_per_min=self._heat.slope_c_per_min(),
             temp_slowdown_c=self._slowdown_c,
             last_n=n,
+            temp_threshold=self._threshold,
+            hw_slowdown_c=self._hw_slowdown_c,
         )
+        ev["clock_elasticity"] = self._elasticity.value
+        ev["clock_load_split"] = split_causes(
+            ev, self._elasticity.value, load_is_up(ev, self.config)
+        )
+        return ev
+
+    def _attribute(self, ev: dict[str, Any]) -> str:
+        """The cause, and its shares beside the other part when both explain the rise."""
+        cause = attribute(ev, self.config)
+        ev["cause_shares"] = name_shares(ev, cause)
+        return cause
 
     def _open_latency(self, obs: Observation) -> DriftEvent:
         ev = self._evidence(obs)
-        cause = attribute(ev, self.config)
+        cause = self._attribute(ev)
         p95 = self._p95()
         b = self._baseline
         assert b is not None and self._detector is not None
@@ -305,7 +358,7 @@ class DriftMonitor:
     def _update_latency(self, obs: Observation) -> list[DriftEvent]:
         rec = self._open["latency"]
         ev = self._evidence(obs)
-        candidate = attribute(ev, self.config)
+        candidate = self._attribute(ev)
         changed = False
         if candidate != rec.cause and candidate != "unknown":
             rec.candidate_n = rec.candidate_n + 1 if candidate == rec.candidate else 1
@@ -338,6 +391,22 @@ class DriftMonitor:
             return [snapshot(rec, "updated", obs.ts)]
         return []
 
+    def _ended_by(self, rec: Any, obs: Observation) -> str:
+        """What ended a latency event, from the newest telemetry: for its resolved message."""
+        p95 = self._p95()
+        parts = [f"p95 TTFT back to {p95:.0f} ms" if p95 is not None else "TTFT back"]
+        cause = rec.cause if rec is not None else "unknown"
+        clock = busy_clock(obs)
+        if cause in ("thermal", "power") and clock is not None:
+            bits = throttle.is_throttled(obs.throttle_reasons)
+            parts.append(f"SM {clock:.0f} MHz" + ("" if bits else ", no throttle bit"))
+        if obs.gpu_temp_c is not None and cause == "thermal":
+            parts.append(f"GPU {obs.gpu_temp_c:.0f} °C")
+        if cause == "load" or (rec is not None and (rec.evidence.get("cause_shares") or {})):
+            if obs.batch_inflight is not None:
+                parts.append(f"batch in flight {obs.batch_inflight:g}")
+        return ", ".join(parts)
+
     def _close_latency(self, ts: float | None, why: str | None) -> list[DriftEvent]:
         if self._detector is not None:
             self._detector.close()
@@ -356,7 +425,7 @@ class DriftMonitor:
         ev = self._evidence(obs)
         f = self._failures
         ev.update(failures=f.failures, window=len(f.window), consecutive=f.consecutive_fail)
-        cause = attribute(ev, self.config)
+        cause = self._attribute(ev)
         rec = self._book.new("probes_failing", obs.ts, cause, self._base_p95(), None, ev)
         rec.message = messages.failing_message(f.failures, len(f.window), f.consecutive_fail)
         return snapshot(rec, "opened", obs.ts)

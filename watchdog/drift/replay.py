@@ -40,9 +40,12 @@ CONTRACT_COLUMNS = (
     "batch_inflight",
     "batch_allowance",
 )
-# Beyond the contract: NVML reports the slowdown threshold once per GPU; with it a replay
-# gives the heat warnings the daemon gave.
-OPTIONAL = (*CONTRACT_COLUMNS[2:], "temp_slowdown_c")
+# Beyond the contract: NVML reports its thresholds once per GPU; with them a replay gives the
+# heat warnings the daemon gave. `temp_target_c` is where the clocks start to fall (the target
+# temperature, or the learned one), `temp_slowdown_c` NVML's SLOWDOWN; the warning aims at the
+# lower of the two.
+THRESHOLD_COLUMNS = ("temp_target_c", "temp_slowdown_c")
+OPTIONAL = (*CONTRACT_COLUMNS[2:], *THRESHOLD_COLUMNS)
 FLOAT_COLUMNS = (
     "gpu_temp_c",
     "sm_clock_mhz",
@@ -52,6 +55,7 @@ FLOAT_COLUMNS = (
     "batch_inflight",
     "batch_allowance",
     "temp_slowdown_c",
+    "temp_target_c",
 )
 MAX_LISTED = 5  # bad rows named in the error; the rest are counted
 

@@ -23,8 +23,10 @@ CHANGES = ("opened", "updated", "closed", "instant")
 class Observation:
     """One canary probe with the GPU state beside it: a row of the replay trace.
 
-    Field for field the columns of the replay CSV contract (README.md), plus the GPU's
-    slowdown temperature, which NVML reports once per GPU rather than per sample.
+    Field for field the columns of the replay CSV contract (README.md), with the GPU's
+    thresholds (reported once per GPU rather than per sample): `temp_target_c` is where its
+    clocks start to fall (the lowest of NVML's target, GPU_MAX and SLOWDOWN, or the learned
+    one; `temp_threshold` says which), `temp_slowdown_c` is NVML's SLOWDOWN.
     """
 
     ts: float  # UTC unix seconds
@@ -41,6 +43,9 @@ class Observation:
     batch_inflight: float | None = None
     batch_allowance: float | None = None
     temp_slowdown_c: float | None = None
+    temp_target_c: float | None = None
+    temp_threshold: str | None = None  # llm_watchdog.nvml.thresholds.SOURCES; None: inferred
+    gpu_index: int | None = None  # the GPU the telemetry is from (the worst serving one)
 
     @property
     def usable_ttft(self) -> bool:
@@ -56,6 +61,8 @@ def observation_from(
     batch_inflight: float | None = None,
     batch_allowance: float | None = None,
     temp_slowdown_c: float | None = None,
+    temp_target_c: float | None = None,
+    temp_threshold: str | None = None,
 ) -> Observation:
     """The daemon's bridge: a probe result and the latest GPU sample as one Observation.
 
@@ -79,6 +86,11 @@ def observation_from(
         temp_slowdown_c=temp_slowdown_c
         if temp_slowdown_c is not None
         else (g.temp_slowdown_c if g else None),
+        temp_target_c=temp_target_c
+        if temp_target_c is not None
+        else (g.temp_target_c if g else None),
+        temp_threshold=temp_threshold,
+        gpu_index=g.gpu_index if g else None,
     )
 
 
@@ -229,6 +241,10 @@ class DriftConfig:
     # Heat early warning.
     temp_slowdown_c: float | None = None  # used when the observations do not carry one
     heat_window_s: float = 300.0
+    # The trend is also read over the last fraction of the window, and the steeper of the two
+    # is used: a fan that stops shows within a minute, not after the window has filled.
+    heat_recent_share: float = 0.25
+    heat_min_span_s: float = 60.0  # readings spanning this long before any trend is trusted
     heat_horizon_s: float = 300.0  # warn when throttling is predicted within this time
     heat_min_slope_c_per_min: float = 0.3
     heat_near_c: float = 15.0  # and only within this many degrees of the threshold

@@ -23,7 +23,10 @@ REQUIRED_NVML_FUNCTIONS and REQUIRED_NVML_CONSTANTS, checked by `missing_nvml_na
     nvmlDeviceGetName(h) -> str | bytes          nvmlDeviceGetUUID(h) -> str | bytes
     nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU) -> °C
     nvmlDeviceGetTemperatureThreshold(h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-        | NVML_TEMPERATURE_THRESHOLD_SHUTDOWN | NVML_TEMPERATURE_THRESHOLD_GPU_MAX) -> °C
+        | NVML_TEMPERATURE_THRESHOLD_SHUTDOWN | NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+        | NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR (where the binding has it)) -> °C
+    nvmlDeviceGetComputeRunningProcesses(h) -> objects with .pid (optional: the GPUs that
+        serve the engine; see `compute_pids`)
     nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM | NVML_CLOCK_MEM) -> MHz
     nvmlDeviceGetMaxClockInfo(h, NVML_CLOCK_SM | NVML_CLOCK_MEM) -> MHz
     nvmlDeviceGetPowerUsage(h) -> mW             nvmlDeviceGetEnforcedPowerLimit(h) -> mW
@@ -384,6 +387,25 @@ class NvmlReader:
         with self._lock:
             return [g.info for g in sorted(self._gpus.values(), key=lambda g: g.index) if g.info]
 
+    def compute_pids(self) -> dict[int, set[int]]:
+        """GPU index -> process ids running compute work on it; GPUs that cannot say are left
+        out (an unsupported call, a lost GPU, a container that hides host pids)."""
+        with self._lock:
+            out: dict[int, set[int]] = {}
+            if not self._ready or self._worker is None or self._worker.busy is not None:
+                return out
+            for gpu in self._gpus.values():
+                if gpu.lost_since is not None or gpu.handle is None:
+                    continue
+                try:
+                    procs = self._field(gpu, "nvmlDeviceGetComputeRunningProcesses")
+                except (_GpuLost, NvmlTimeout):
+                    continue
+                if procs is None:
+                    continue
+                out[gpu.index] = {int(p.pid) for p in procs if getattr(p, "pid", None)}
+            return out
+
     def driver_version(self) -> str | None:
         return self._driver_version
 
@@ -606,7 +628,16 @@ class NvmlReader:
             sm_clock_max_mhz=_num(f(gpu, "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)),
             mem_clock_max_mhz=_num(f(gpu, "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM)),
             power_limit_default_w=_num(f(gpu, "nvmlDeviceGetPowerManagementDefaultLimit"), 1000.0),
+            temp_target_c=self._target_c(gpu),
         )
+
+    def _target_c(self, gpu: _Gpu) -> float | None:
+        # ACOUSTIC_CURR came with NVML 12; an older binding lacks the constant.
+        kind = getattr(self._nvml, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR", None)
+        if kind is None:
+            return None
+        value = _num(self._field(gpu, "nvmlDeviceGetTemperatureThreshold", kind))
+        return value if value else None  # some drivers answer 0 for "not set"
 
     def _read_sample(self, gpu: _Gpu) -> GpuSample:
         nvml, f = self._nvml, self._field
@@ -636,6 +667,7 @@ class NvmlReader:
             thermal_violation_ms=self._violation_ms(gpu, nvml.NVML_PERF_POLICY_THERMAL),
             power_violation_ms=self._violation_ms(gpu, nvml.NVML_PERF_POLICY_POWER),
             temp_slowdown_c=info.temp_slowdown_c if info else None,
+            temp_target_c=info.temp_target_c if info else None,
         )
 
     def _violation_ms(self, gpu: _Gpu, policy: int) -> float | None:

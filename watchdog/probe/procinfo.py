@@ -95,6 +95,45 @@ def listening_process_cmdline(
     return _listening(port, host, Path(proc))[0]
 
 
+def listening_pid(port: int, host: str = "127.0.0.1", proc: str | Path = "/proc") -> int | None:
+    """PID of the local process listening on `host`:`port` (the lowest, as above), or None."""
+    targets = _addresses(host)
+    if not targets:
+        return None
+    proc = Path(proc)
+    inodes = set()
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        for addr, lport, inode in _listeners(proc / "net" / name, width):
+            if lport == port and _matches(addr, targets):
+                inodes.add(inode)
+    inodes.discard(0)
+    return _owner(proc, inodes) if inodes else None
+
+
+def process_tree(pid: int, proc: str | Path = "/proc") -> set[int]:
+    """`pid` and every process below it (an engine's tensor-parallel workers are children)."""
+    parents: dict[int, int] = {}
+    for entry in Path(proc).iterdir() if Path(proc).is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # proc(5): "pid (comm) state ppid ...", comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            parents[int(entry.name)] = int(fields[1])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return tree
+
+
 def _listening(port: int, host: str, proc: Path) -> tuple[list[str] | None, str]:
     targets = _addresses(host)
     if not targets:

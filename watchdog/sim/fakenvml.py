@@ -15,6 +15,7 @@ of a lost GPU, a field gone missing).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -25,6 +26,18 @@ from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import GpuParams
 
 NVMLError = pynvml.NVMLError
+
+# nvml.h nvmlTemperatureThresholds_t -> the names scenarios use (NVML_THRESHOLDS).
+_THRESHOLD_NAMES = {
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "mem_max",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN: "acoustic_min",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR: "acoustic_curr",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX: "acoustic_max",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_GPS_CURR: "gps_curr",
+}
 
 
 class SimDevice(Protocol):
@@ -92,6 +105,7 @@ class FakeNvml:
             self._devices[0].params.driver_version if self._devices else "550.54.15"
         )
         self._init_count = 0
+        self._pids: dict[int, list[int]] = {}
         self._failures: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -118,6 +132,11 @@ class FakeNvml:
                 self._failures.pop(name, None)
             else:
                 self._failures[name] = code
+
+    def set_compute_pids(self, index: int, pids: Sequence[int]) -> None:
+        """The processes `nvmlDeviceGetComputeRunningProcesses` lists on GPU `index`."""
+        with self._lock:
+            self._pids[index] = list(pids)
 
     def _enter(self, name: str) -> None:
         code = self._failures.get(name)
@@ -195,16 +214,26 @@ class FakeNvml:
         return self._device(handle).params.uuid
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
+        """Every threshold of nvml.h; the ones the card leaves unsupported raise NOT_SUPPORTED."""
         self._enter("nvmlDeviceGetTemperatureThreshold")
         p = self._device(handle).params
-        values = {
-            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: p.temp_shutdown_c,
-            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: p.temp_slowdown_c,
-            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: p.temp_max_operating_c,
+        name = _THRESHOLD_NAMES.get(threshold)
+        if name is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        values: dict[str, float | None] = {
+            "shutdown": p.temp_shutdown_c,
+            "slowdown": p.temp_slowdown_c,
+            "mem_max": p.temp_mem_max_c,
+            "gpu_max": p.temp_max_operating_c,
+            "acoustic_min": p.temp_target_min_c,
+            "acoustic_curr": p.temp_target_c,
+            "acoustic_max": p.temp_target_max_c,
+            "gps_curr": None,  # GPU Performance Boost: not modelled
         }
-        if threshold not in values:
+        value = values[name]
+        if value is None or name in p.unsupported_thresholds():
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return round(values[threshold])
+        return round(value)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
         self._enter("nvmlDeviceGetMaxClockInfo")
@@ -303,6 +332,17 @@ class FakeNvml:
 
     nvmlDeviceGetSupportedClocksThrottleReasons = nvmlDeviceGetSupportedClocksEventReasons
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        dev = self._device(handle)
+        used = int(dev.params.memory_total_mib * 1024 * 1024 * 0.9)
+        with self._lock:
+            pids = list(self._pids.get(handle.index, ()))
+        # nvmlProcessInfo_t: pid, usedGpuMemory (bytes); the KV cache takes most of the card.
+        return [pynvml.c_nvmlProcessInfo_t(pid=pid, usedGpuMemory=used) for pid in pids]
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
         now = self._clock()
         _, s = self._read("nvmlDeviceGetViolationStatus", handle)
@@ -319,3 +359,31 @@ class FakeNvml:
 def standalone_nvml(params: GpuParams, clock: Callable[[], float], load: float = 0.0) -> FakeNvml:
     """A fake NVML over one card under a fixed load (tests, quick looks)."""
     return FakeNvml([StandaloneDevice(params, load)], clock)
+
+
+def two_gpu_nvml(
+    params: GpuParams, clock: Callable[[], float], load: float = 1.0
+) -> tuple[FakeNvml, list[StandaloneDevice]]:
+    """Two cards serving one engine (tensor parallel) under the same load; only the second
+    overheats: its cooler is clogged (twice the thermal resistance) and it reports no target
+    temperature, so its clocks fall at GPU_MAX. Both list pid 4242 as a compute process."""
+    first = dataclasses.replace(params, name=params.name + " #0", uuid=params.uuid[:-1] + "0")
+    second = dataclasses.replace(
+        params,
+        name=params.name + " #1",
+        uuid=params.uuid[:-1] + "1",
+        thermal_resistance_c_per_w=2.0 * params.thermal_resistance_c_per_w,
+        thermal_resistance_fan_min_c_per_w=2.0 * params.thermal_resistance_fan_min_c_per_w,
+        temp_target_c=None,
+        temp_target_min_c=None,
+        temp_target_max_c=None,
+    )
+    now = clock()
+    devices = [StandaloneDevice(first, load, now), StandaloneDevice(second, load, now)]
+    nvml = FakeNvml(devices, clock)
+    for i in range(2):
+        nvml.set_compute_pids(i, [TWO_GPU_ENGINE_PID])
+    return nvml, devices
+
+
+TWO_GPU_ENGINE_PID = 4242

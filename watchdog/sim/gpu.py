@@ -15,9 +15,10 @@ value passed in, never read from a clock. What is modelled, and why that way:
   clock drops one `clock_bin_mhz` bin per `boost_bin_step_c` degrees, down to the base clock,
   with no reason bit (real cards do the same: a boost bin lost to temperature is not a
   "throttle"). Then, in NVML's terms (nvml.h, nvmlClocksEventReason*):
-  * SwThermalSlowdown (0x20): above GPU_MAX (`temp_max_operating_c`) the driver lowers a clock
-    ceiling at `sw_slowdown_slew_mhz_per_s` until the temperature stops rising past it; the
-    ceiling rises again only below GPU_MAX − `sw_slowdown_hysteresis_c`.
+  * SwThermalSlowdown (0x20): above the target temperature (`temp_target_c`, NVML's
+    ACOUSTIC_CURR, where set) or GPU_MAX (`temp_max_operating_c`), whichever is lower, the
+    driver lowers a clock ceiling at `sw_slowdown_slew_mhz_per_s` until the temperature stops
+    rising past it; the ceiling rises again only below that − `sw_slowdown_hysteresis_c`.
   * HwThermalSlowdown (0x40) and HwSlowdown (0x8): at SLOWDOWN (`temp_slowdown_c`) the
     hardware cuts the clock by `hw_slowdown_clock_ratio` ("a factor of 2 or more") until the
     temperature falls below SLOWDOWN − `hw_slowdown_hysteresis_c`.
@@ -189,13 +190,14 @@ class SimGpu:
     def _thermal_controllers(self, dt_s: float) -> None:
         p = self.p
         t = self.temp_c
-        if t > p.temp_max_operating_c:
+        hold = p.sw_hold_c
+        if t > hold:
             self.sw_active = True
             floor = p.sm_clock_min_mhz
             self.sw_ceiling_mhz = max(
                 floor, self.sw_ceiling_mhz - p.sw_slowdown_slew_mhz_per_s * dt_s
             )
-        elif self.sw_active and t < p.temp_max_operating_c - p.sw_slowdown_hysteresis_c:
+        elif self.sw_active and t < hold - p.sw_slowdown_hysteresis_c:
             self.sw_ceiling_mhz += p.sw_slowdown_slew_mhz_per_s * dt_s
             if self.sw_ceiling_mhz >= p.sm_clock_max_mhz:
                 self.sw_ceiling_mhz = p.sm_clock_max_mhz

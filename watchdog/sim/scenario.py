@@ -34,6 +34,20 @@ class ScenarioError(ConfigError, ValueError):
     """A scenario that cannot be used; the message is one line naming the file and key."""
 
 
+# NVML's temperature thresholds (nvml.h nvmlTemperatureThresholds_t), as scenario keys name
+# them in `nvml_unsupported_thresholds`.
+NVML_THRESHOLDS = (
+    "shutdown",
+    "slowdown",
+    "mem_max",
+    "gpu_max",
+    "acoustic_min",
+    "acoustic_curr",
+    "acoustic_max",
+    "gps_curr",
+)
+
+
 @dataclass(frozen=True)
 class GpuParams:
     """One simulated card. See watchdog/sim/gpu.py for how each number is used."""
@@ -64,6 +78,15 @@ class GpuParams:
     temp_max_operating_c: float = 83.0  # NVML GPU_MAX: software thermal slowdown holds this
     temp_slowdown_c: float = 90.0  # NVML SLOWDOWN: hardware slowdown engages
     temp_shutdown_c: float = 95.0  # NVML SHUTDOWN
+    # NVML ACOUSTIC_CURR, the "GPU Target Temperature": when set, software slowdown holds the
+    # lower of it and GPU_MAX. None: the card reports no target (NOT_SUPPORTED).
+    temp_target_c: float | None = None
+    temp_target_min_c: float | None = None  # NVML ACOUSTIC_MIN / ACOUSTIC_MAX: the range a
+    temp_target_max_c: float | None = None  # user may set the target within; None: unsupported
+    temp_mem_max_c: float | None = None  # NVML MEM_MAX (HBM cards); None: unsupported
+    # Thresholds this card answers NOT_SUPPORTED for, comma-separated, from NVML_THRESHOLDS
+    # ("gpu_max,slowdown": a card that reports only SHUTDOWN). The physics is unchanged.
+    nvml_unsupported_thresholds: str = ""
     sw_slowdown_hysteresis_c: float = 3.0
     sw_slowdown_slew_mhz_per_s: float = 60.0
     hw_slowdown_hysteresis_c: float = 5.0
@@ -71,6 +94,16 @@ class GpuParams:
     mem_clock_max_mhz: float = 10501.0
     mem_clock_idle_mhz: float = 405.0
     mem_util_full_load_pct: float = 60.0
+
+    @property
+    def sw_hold_c(self) -> float:
+        """The temperature software thermal slowdown holds: the target, or GPU_MAX."""
+        if self.temp_target_c is None:
+            return self.temp_max_operating_c
+        return min(self.temp_target_c, self.temp_max_operating_c)
+
+    def unsupported_thresholds(self) -> set[str]:
+        return {n.strip() for n in self.nvml_unsupported_thresholds.split(",") if n.strip()}
 
     @property
     def power_default_w(self) -> float:
@@ -416,6 +449,18 @@ def _check(s: Scenario, where: str) -> None:
         g.temp_max_operating_c <= g.temp_slowdown_c <= g.temp_shutdown_c,
         "gpu.temp_slowdown_c",
         "thresholds must satisfy max_operating ≤ slowdown ≤ shutdown (°C)",
+    )
+    need(
+        g.temp_target_c is None or g.temp_target_c <= g.temp_slowdown_c,
+        "gpu.temp_target_c",
+        "the target temperature must be ≤ gpu.temp_slowdown_c (°C)",
+    )
+    odd = sorted(g.unsupported_thresholds() - set(NVML_THRESHOLDS))
+    need(
+        not odd,
+        "gpu.nvml_unsupported_thresholds",
+        f"unknown threshold {odd[0] if odd else ''!r} (expected names from: "
+        f"{', '.join(NVML_THRESHOLDS)})",
     )
     need(g.power_idle_w < g.power_max_w, "gpu.power_max_w", "must be above gpu.power_idle_w (W)")
     need(g.power_limit_w > g.power_idle_w, "gpu.power_limit_w", "must be above gpu.power_idle_w")

@@ -1,0 +1,49 @@
+"""`llm-watchdog demo`, shortened, tells the heat story in order and with the right causes."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_watchdog.demo import DemoOptions, run_demo, story, summary
+
+ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
+# The control loop reads chat's p95 every 2 s and may cut a probe or two before the detector
+# confirms the slowdown: the cut must follow the warning, not necessarily the alert.
+AFTER = {
+    "throttled": "heat_warning",
+    "chat_slowed": "throttled",
+    "cut": "heat_warning",
+    "fans_back": "chat_slowed",
+    "resolved": "fans_back",
+    "regrown": "resolved",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_path):
+    said: list[str] = []
+    opts = DemoOptions(
+        duration_s=180, time_scale=25, baseline_probes=20, db_path=tmp_path / "demo.db"
+    )
+    result = run_demo(opts, say=said.append)
+    told = story(result)
+    steps = [step for _, step, _ in told]
+    if not all(s in steps for s in ORDER):
+        pytest.fail("steps missing from the story:\n" + "\n".join(summary(result)))
+    first = {s: next(t for t, step, _ in told if step == s) for s in ORDER}
+    for step, before in AFTER.items():
+        assert first[before] <= first[step], (before, step, told)
+    assert first["cut"] < first["fans_back"], told
+    # The warning names the threshold where the clocks fall, and leads the throttle by at
+    # least a minute of the card's time (time_scale seconds of it per demo second).
+    warn = next(a for a in result.alerts if a.kind == "heat_warning" and a.state == "firing")
+    assert "target temperature 83 °C" in warn.message
+    assert (first["throttled"] - first["heat_warning"]) * opts.time_scale >= 60.0
+    slow = next(a for a in result.alerts if a.kind == "chat_slowed" and a.state == "firing")
+    shares = slow.fields["evidence"].get("cause_shares") or {}
+    assert slow.cause == "thermal" or max(shares, key=shares.get, default="") == "thermal"
+    resolved = next(a for a in result.alerts if a.key == slow.key and a.state == "resolved")
+    assert "back to" in resolved.message  # says what ended it
+    lines = summary(result)
+    assert "  what happened, in order" in lines
