@@ -1,4 +1,4 @@
-"""The daemon's /metrics and /status: prometheus-client text, ecosystem labels, bounded connections."""
+"""The daemon's /metrics and /status: prometheus-client text, labels, bounded connections."""
 
 from __future__ import annotations
 
