@@ -10,9 +10,10 @@ import click
 
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, when_arg
 from llm_watchdog.cli.headroom import stored_map
+from llm_watchdog.cli.output import emit
 from llm_watchdog.report import from_rows, report_html, report_png
 from llm_watchdog.report.data import Report
-from llm_watchdog.report.prometheus import PrometheusError, from_prometheus
+from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
 from llm_watchdog.store.db import Store, StoreError
 from llm_watchdog.store.records import events
@@ -139,3 +140,17 @@ def _from_store(
             target_p95_ms=target_ms,
             gpu_index=gpu_index,
         )
+
+
+def fleet_listing(url: str, at: float | None, fmt: str) -> None:
+    """`history --prometheus URL`: one row per instance Prometheus knows."""
+    try:
+        rows = fleet(url, at)
+    except PrometheusError as exc:
+        raise Fail(str(exc)) from None
+    if not rows:
+        raise Fail(
+            f"Prometheus at {url} has no llm-watchdog series: is it scraping the daemons "
+            "(api.listen, default :9108) and the gateways?"
+        )
+    emit(rows, ["instance", *FLEET_QUERIES], fmt)

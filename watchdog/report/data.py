@@ -79,13 +79,21 @@ class Report:
         }
 
 
-def window_s(since_ts: float, until_ts: float) -> float:
-    """The quantile window for a span: about 120 windows, at least a minute."""
+def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:
+    """The quantile window for a span: at most 100 windows, and about 10 probes in each (a
+    p95 of two probes is noise)."""
     span = max(60.0, until_ts - since_ts)
-    for step in (60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400):
-        if span / step <= 150:
+    least = 10.0 * (probe_interval_s or 0.0)
+    for step in (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400):
+        if span / step <= 100 and step >= least:
             return float(step)
     return 86400.0
+
+
+def probe_interval_s(probes: Sequence[dict[str, Any]]) -> float | None:
+    """The median time between probes; None with fewer than two."""
+    gaps = sorted(b["ts"] - a["ts"] for a, b in zip(probes, probes[1:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else None
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float | None:
@@ -160,9 +168,8 @@ def from_rows(
         index = gpu_index if gpu_index is not None else min(g["gpu_index"] for g in gpu)
         gpu = [g for g in gpu if g["gpu_index"] == index]
     report = Report(source, since_ts, until_ts, target_p95_ms=target_p95_ms)
-    report.ttft_p50_ms, report.ttft_p95_ms = ttft_windows(
-        probes, since_ts, until_ts, window_s(since_ts, until_ts)
-    )
+    step = window_s(since_ts, until_ts, probe_interval_s(probes))
+    report.ttft_p50_ms, report.ttft_p95_ms = ttft_windows(probes, since_ts, until_ts, step)
     for g in gpu:
         report.temp_c.add(g["ts"], g.get("temp_c"))
         report.sm_clock_mhz.add(g["ts"], g.get("sm_clock_mhz"))

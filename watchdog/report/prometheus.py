@@ -127,6 +127,7 @@ def _report(
     target_p95_ms: float | None,
 ) -> Report:
     sel = f'instance="{_escape(instance)}"' if instance else ""
+    # Prometheus steps are points, not windows: four a window, no finer than its scrapes.
     step = max(15.0, window_s(since_ts, until_ts) / 4)
     rate_window = f"{int(max(300.0, 2 * step))}s"
 
