@@ -163,7 +163,14 @@ def from_rows(
     target_p95_ms: float | None = None,
     gpu_index: int | None = None,
 ) -> Report:
-    """A report from the daemon's own rows (one GPU: the first, or `gpu_index`)."""
+    """A report from the daemon's own rows (one GPU: the first, or `gpu_index`).
+
+    The span starts at the first row when the data starts later (a daemon started an hour
+    ago, asked for a day), so the charts show the data rather than an empty left side.
+    """
+    firsts = [rows[0]["ts"] for rows in (probes, gpu) if rows]
+    if firsts and min(firsts) > since_ts:
+        since_ts = max(since_ts, min(firsts) - 0.02 * (until_ts - min(firsts)))
     if gpu:
         index = gpu_index if gpu_index is not None else min(g["gpu_index"] for g in gpu)
         gpu = [g for g in gpu if g["gpu_index"] == index]
