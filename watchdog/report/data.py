@@ -193,10 +193,13 @@ def from_rows(
             report.actions.append(
                 Mark(a["ts"], f"{a['kind']} {a['allowance_before']}→{a['allowance_after']}")
             )
+    # What the daemon last saw: an event still open then, or an allowance still in force,
+    # is drawn up to there, not on past a daemon that stopped.
+    last_ts = max([rows[-1]["ts"] for rows in (probes, gpu) if rows], default=until_ts)
     if actions and report.allowance.ts:
-        report.allowance.add(until_ts, report.allowance.values[-1])
+        report.allowance.add(max(last_ts, report.allowance.ts[-1]), report.allowance.values[-1])
     for e in events:
-        end = e.get("end_ts") or until_ts
+        end = e.get("end_ts") or max(last_ts, e["start_ts"])
         report.drift.append(
             Period(max(e["start_ts"], since_ts), min(end, until_ts), f"{e['kind']} ({e['cause']})")
         )
