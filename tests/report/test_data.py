@@ -7,8 +7,15 @@ import io
 from PIL import Image
 
 from llm_watchdog.nvml.throttle import SW_POWER_CAP, SW_THERMAL_SLOWDOWN
-from llm_watchdog.report import from_rows, report_html, report_png
-from llm_watchdog.report.data import nearest_rank, probe_interval_s, throttled_periods, window_s
+from llm_watchdog.report.charts import report_png
+from llm_watchdog.report.data import (
+    from_rows,
+    nearest_rank,
+    probe_interval_s,
+    throttled_periods,
+    window_s,
+)
+from llm_watchdog.report.page import report_html
 
 T0 = 1_796_100_000.0
 
@@ -114,3 +121,13 @@ def test_the_page_fetches_nothing() -> None:
     for outside in ("http://", "https://", "<script", "@import", "url("):
         assert outside not in page
     assert page.count('src="data:image/png;base64,') == 4
+
+
+def test_the_cli_loads_no_matplotlib_until_a_report_is_drawn() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, llm_watchdog.cli; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

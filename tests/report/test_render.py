@@ -15,7 +15,8 @@ from PIL import Image
 
 from llm_watchdog.cli import cli
 from llm_watchdog.demo import DemoOptions, run_demo
-from llm_watchdog.report import from_rows, report_png
+from llm_watchdog.report.charts import report_png
+from llm_watchdog.report.data import from_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -56,6 +57,8 @@ def test_report_page_draws_every_chart_in_chromium(heat_run: Path, tmp_path: Pat
     boxes = {m.group(1): tuple(int(v) for v in m.groups()[1:]) for m in BOX.finditer(text)}
     assert set(boxes) == {"ttft", "gpu", "batch", "scatter"}
     assert 'data-drawn="0"' not in text, "a chart had nothing to draw"
+    # The demo's probes carry the batch in flight: the headroom map has rows to show.
+    assert "<h2>Headroom</h2>" in text and "<th>confidence</th>" in text
     shot = tmp_path / "shot.png"
     bottom = max(y + h for _, y, _, h in boxes.values()) + 40
     run = subprocess.run(

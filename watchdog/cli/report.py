@@ -11,8 +11,7 @@ import click
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, when_arg
 from llm_watchdog.cli.headroom import stored_map
 from llm_watchdog.cli.output import emit
-from llm_watchdog.report import from_rows, report_html, report_png
-from llm_watchdog.report.data import Report
+from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
 from llm_watchdog.store.db import Store, StoreError
@@ -69,6 +68,10 @@ def report(
             raise Fail(str(exc)) from None
     else:
         rep = _from_store(ctx, db, since_ts, until_ts, gpu_index, target_ms)
+    # Here, not at the top: matplotlib is loaded only by the command that draws.
+    from llm_watchdog.report.charts import report_png
+    from llm_watchdog.report.page import report_html
+
     data = report_png(rep) if out.suffix.lower() == ".png" else report_html(rep).encode()
     try:
         out.write_bytes(data)

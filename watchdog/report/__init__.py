@@ -2,10 +2,7 @@
 
 `data` turns the daemon's rows or a Prometheus server's series into a `Report`, `charts`
 draws it with matplotlib (Agg) and `page` lays it out as HTML; `prometheus` reads the series.
+Nothing is imported here: matplotlib costs a second and writes its config folder on first
+import, and every `llm-watchdog` command (the gateway's and the daemon's units too) loads
+the CLI that names this package.
 """
-
-from llm_watchdog.report.charts import report_png
-from llm_watchdog.report.data import Report, from_rows
-from llm_watchdog.report.page import report_html
-
-__all__ = ["Report", "from_rows", "report_html", "report_png"]
