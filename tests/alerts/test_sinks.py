@@ -234,12 +234,16 @@ def test_load_alerts_returns_settings_and_sinks() -> None:
 @pytest.mark.parametrize(
     ("entry", "env", "message"),
     [
-        ({}, {}, "alerts.sink[1].type: missing: expected one of webhook, command, log"),
+        (
+            {},
+            {},
+            "alerts.sink[1].type: missing: expected one of webhook, command, log, alertmanager",
+        ),
         (
             {"type": "email"},
             {},
             "alerts.sink[1].type: 'email' is not a sink type: "
-            "expected one of webhook, command, log",
+            "expected one of webhook, command, log, alertmanager",
         ),
         (
             {"type": "webhook", "url": "https://x.test/h", "shape": "teams"},

@@ -6,6 +6,7 @@ configuration keys are documented in `llm_watchdog.alerts.config`.
 
 from __future__ import annotations
 
+from llm_watchdog.alerts.alertmanager import AlertmanagerSink
 from llm_watchdog.alerts.config import (
     AlertConfig,
     AlertConfigError,
@@ -35,6 +36,7 @@ __all__ = [
     "AlertEvent",
     "AlertLog",
     "AlertManager",
+    "AlertmanagerSink",
     "AlertPolicy",
     "AlertRules",
     "CommandSink",

@@ -16,7 +16,7 @@ Keys (TOML; durations are seconds or text like "30s", "5m", "1h"):
     queue_size = 100            # alerts waiting per sink before new ones are dropped
 
     [[alerts.sink]]             # one table per sink, any number of them
-    type = "webhook"            # webhook | command | log
+    type = "webhook"            # webhook | command | log | alertmanager
     name = "ops-slack"          # optional; shown by `llm-watchdog alerts`
     min_severity = "warning"    # optional filter for this sink
     kinds = ["chat_slowed"]     # optional filter for this sink
@@ -33,6 +33,13 @@ Keys (TOML; durations are seconds or text like "30s", "5m", "1h"):
     # type = "command": run without a shell, alert in LLM_WATCHDOG_* variables
     argv = ["/usr/local/bin/page-oncall", "--team", "ml"]
     timeout = "30s"
+
+    # type = "alertmanager": POST /api/v2/alerts; resolved alerts carry endsAt
+    url = "http://127.0.0.1:9093"          # Alertmanager's base URL
+    labels = { team = "ml" }               # extra labels on every alert
+    resend_interval = "1m"                 # firing alerts are posted again this often
+    generator_url = "http://box1:9108/status"  # optional link back
+    timeout = "10s"                        # headers / headers_file / headers_env as for webhook
 
     # type = "log": one line per alert on the daemon's log (journald under systemd)
     logger = "llm_watchdog.alerts"  # level follows severity: journald priority crit/warning/info
@@ -52,6 +59,7 @@ from typing import Any
 
 import httpx
 
+from llm_watchdog.alerts.alertmanager import AlertmanagerSink
 from llm_watchdog.alerts.events import KINDS, SEVERITIES
 from llm_watchdog.alerts.policy import AlertRules
 from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
@@ -59,7 +67,7 @@ from llm_watchdog.alerts.webhook import SHAPES, WebhookSink
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.errors import ConfigError
 
-SINK_TYPES = ("webhook", "command", "log")
+SINK_TYPES = ("webhook", "command", "log", "alertmanager")
 
 
 class AlertConfigError(ConfigError, ValueError):
@@ -101,6 +109,9 @@ _SINK_KEYS = {
        "headers_file", "headers_env"},
     "command": _COMMON_SINK_KEYS | {"argv", "timeout"},
     "log": _COMMON_SINK_KEYS | {"logger"},
+    "alertmanager": _COMMON_SINK_KEYS
+    | {"url", "labels", "resend_interval", "generator_url", "timeout", "headers",
+       "headers_file", "headers_env"},
 }  # fmt: skip
 
 
@@ -219,6 +230,8 @@ def _sink(
             return WebhookSink(url, shape, headers, timeout_s, transport, blocks=blocks, **common)
         except ValueError as exc:
             raise AlertConfigError(f"{where}.url", str(exc)) from None
+    if kind == "alertmanager":
+        return _alertmanager(entry, where, env, transport, common)
     if kind == "command":
         argv = entry.get("argv")
         if (
@@ -237,6 +250,41 @@ def _sink(
             f"{where}.logger", "expected a logger name such as llm_watchdog.alerts"
         )
     return LogSink(logging.getLogger(logger_name), **common)
+
+
+def _alertmanager(
+    entry: dict[str, Any],
+    where: str,
+    env: Mapping[str, str],
+    transport: httpx.BaseTransport | None,
+    common: dict[str, Any],
+) -> BaseSink:
+    url = entry.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise AlertConfigError(
+            f"{where}.url", "expected Alertmanager's base URL, such as http://127.0.0.1:9093"
+        )
+    labels = entry.get("labels", {})
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(v, str) and v for v in labels.values()
+    ):
+        raise AlertConfigError(f"{where}.labels", 'expected a table like { team = "ml" }')
+    generator_url = entry.get("generator_url")
+    if generator_url is not None and not isinstance(generator_url, str):
+        raise AlertConfigError(f"{where}.generator_url", "expected a URL")
+    try:
+        return AlertmanagerSink(
+            url,
+            labels={str(k): v for k, v in labels.items()},
+            headers=_headers(entry, where, env),
+            timeout_s=_duration(entry, "timeout", 10.0, where, positive=True),
+            resend_interval_s=_duration(entry, "resend_interval", 60.0, where, positive=True),
+            generator_url=generator_url,
+            transport=transport,
+            **common,
+        )
+    except ValueError as exc:
+        raise AlertConfigError(f"{where}.labels", str(exc)) from None
 
 
 def _secret_url(entry: Mapping[str, Any], where: str, env: Mapping[str, str]) -> str:

@@ -224,6 +224,7 @@ class AlertManager:
         self.sleep = sleep or (lambda s: self._stop.wait(s) and None)
         self._lock = threading.Lock()
         self._workers = [_SinkWorker(s, self) for s in sinks]
+        self._deliveries: dict[tuple[str, str], int] = {}  # (sink, ok|failed) -> count
         self._ticker: threading.Thread | None = None
         self._started = self._closed = False
         if start:
@@ -301,7 +302,19 @@ class AlertManager:
         row = attempt_row(
             alert, sink, self.clock(), ok=error is None, attempts=attempts, final=final, error=error
         )
+        if final:
+            key = (sink, "ok" if error is None else "failed")
+            with self._lock:
+                self._deliveries[key] = self._deliveries.get(key, 0) + 1
         self.record(row)
+
+    def delivery_counts(self) -> dict[str, dict[str, int]]:
+        """Final outcomes per sink ("ok", "failed") since start: one per alert and sink."""
+        counts = {w.sink.name: {"ok": 0, "failed": 0} for w in self._workers}
+        with self._lock:
+            for (sink, outcome), n in self._deliveries.items():
+                counts.setdefault(sink, {"ok": 0, "failed": 0})[outcome] = n
+        return counts
 
     def record(self, row: dict[str, Any]) -> None:
         try:

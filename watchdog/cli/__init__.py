@@ -12,6 +12,7 @@ from llm_watchdog.cli import (  # noqa: F401
     judge,
     lab,
     probe,
+    report,
     service,
 )
 from llm_watchdog.cli.group import cli

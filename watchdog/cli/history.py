@@ -17,6 +17,7 @@ from llm_watchdog.cli.group import (
 from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.cli.report import fleet_listing
 from llm_watchdog.logs import printable
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.store.control import actions as control_actions
@@ -184,6 +185,12 @@ BUCKET_COLUMNS = [
     metavar="FILE",
     help="Write the probes as a replay trace CSV (- for stdout) instead of listing them.",
 )
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    metavar="URL",
+    help="The fleet from a Prometheus server: one row per box, as at --until (default now).",
+)
 @listing_options
 @click.pass_context
 def history(
@@ -195,9 +202,13 @@ def history(
     resolution: str,
     limit: int | None,
     export_to: str | None,
+    prometheus_url: str | None,
     fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
+    if prometheus_url:
+        fleet_listing(prometheus_url, when_arg(until, time.time()), fmt)
+        return
 
     settings = settings_from(ctx)
     now = time.time()

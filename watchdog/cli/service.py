@@ -20,7 +20,13 @@ from llm_watchdog.cli.group import (
     settings_from,
 )
 from llm_watchdog.config import Settings, example_config, load_settings
-from llm_watchdog.daemon.install import apply, apply_uninstall, plan_install, plan_uninstall
+from llm_watchdog.daemon.install import (
+    apply,
+    apply_uninstall,
+    observability_files,
+    plan_install,
+    plan_uninstall,
+)
 from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.daemon.service import Daemon, build_alerts
 from llm_watchdog.errors import EXIT_STARTUP_FAILED, ConfigError
@@ -174,6 +180,11 @@ def _run_once(
 # ---- install --------------------------------------------------------------------------------
 
 
+def _list_observability() -> None:
+    for what, path in observability_files():
+        click.echo(f"{what}: {path}")
+
+
 @cli.command()
 @click.option("--user", "user_unit", is_flag=True, help="Install a systemd user unit instead.")
 @click.option(
@@ -211,10 +222,12 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
             )
         for cmd in plan.commands:
             click.echo("$ " + " ".join(cmd))
+        _list_observability()
         return
     try:
         for line in apply(plan, run_systemctl=not rooted):
             click.echo(line)
+        _list_observability()
     except PermissionError as exc:
         raise Fail(f"cannot write {exc.filename}: run as root (sudo), or use --user") from None
     except (RuntimeError, OSError) as exc:

@@ -270,3 +270,18 @@ def apply_uninstall(plan: UninstallPlan, run_systemctl: bool = True) -> list[str
         subprocess.run(plan.commands[1], check=False)
         done.append("ran " + shlex.join(plan.commands[1]))
     return done
+
+
+# Shipped beside the units, for a Prometheus, Alertmanager and Grafana that already run:
+# `install` lists where they are; nothing here is written or started.
+OBSERVABILITY_FILES = (
+    ("Prometheus rules (rule_files:)", "llm-watchdog-rules.yml"),
+    ("their unit tests (promtool test rules)", "llm-watchdog-rules.test.yml"),
+    ("Grafana dashboard (import the JSON)", "llm-watchdog-dashboard.json"),
+)
+
+
+def observability_files() -> list[tuple[str, Path]]:
+    """(what it is, where it is) for each shipped rules, rule-test and dashboard file."""
+    where = bundled_dir("systemd")
+    return [(what, where / name) for what, name in OBSERVABILITY_FILES]

@@ -326,7 +326,13 @@ class Daemon:
         self.store.record_probe(result, self.fingerprint_id)
         self.last_result = result
         self.probe_metrics.add(
-            result.ok, result.error_class, result.ttft_ms, result.cold, result.quality_pass
+            result.ok,
+            result.error_class,
+            result.ttft_ms,
+            result.cold,
+            result.quality_pass,
+            model_name=self.model,
+            engine=self.engine.engine,
         )
         gpu = self.serving_gpu()
         if steer is not None:
@@ -375,6 +381,7 @@ class Daemon:
         samples, events = self.reader.sample()
         if samples:
             self.last_samples = samples
+            self.probe_metrics.add_gpu(samples)
             self.store.record_gpu_samples(samples)
             for sample in samples:
                 learned = self.learner.add(sample)
@@ -528,9 +535,13 @@ class Daemon:
             else None,
             "last_probe": self.last_result.to_dict() if self.last_result else None,
             "gpus": [s.to_dict() for s in self.last_samples],
+            "gpu_info": [
+                {"index": i.index, "uuid": i.uuid, "name": i.name} for i in self.reader.infos()
+            ],
             "nvml": self.reader.available,
             "drift": drift,
-            "control": self.steer.snapshot() if self.steer else None,
+            "control": self._control_status(),
+            "alert_deliveries": getattr(self.alerts, "delivery_counts", lambda: None)(),
             "database": self.settings.storage.path,
         }
 
@@ -543,6 +554,12 @@ class Daemon:
         if r.ok and r.ttft_ms is not None:
             return f"{where}; last probe ok, TTFT {r.ttft_ms:.0f} ms"
         return f"{where}; last probe failed ({r.error_class or 'error'})"
+
+    def _control_status(self) -> dict[str, Any] | None:
+        if self.steer is None:
+            return None
+        target_ms = self.settings.control.target_p95_s * 1000.0
+        return self.steer.snapshot() | {"target_p95_ms": target_ms}
 
     def start_api(self) -> None:
         listen = self.settings.api.listen

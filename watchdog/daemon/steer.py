@@ -93,6 +93,8 @@ class Steer:
         self.allowance: int | None = None
         self.inflight: int | None = None
         self.last_action: ControlAction | None = None
+        self.action_counts: dict[str, int] = {}  # by the law's kind, for /metrics
+        self.not_effective = False
 
     # ---- inputs, from the daemon's other jobs -------------------------------------------
 
@@ -208,6 +210,7 @@ class Steer:
             )
         )
         self.last_action = action
+        self.action_counts[action.kind] = self.action_counts.get(action.kind, 0) + 1
         target = action.allowance_after
         if self.dry_run:
             if action.changed:
@@ -284,6 +287,7 @@ class Steer:
             queued=rb.queued if rb else None,
         )
         record_verification(self.store, row_id, done)
+        self.not_effective = not v.ok
         if not v.ok:
             log.warning("%s", v.detail)
             alert = not_effective_event(v, ts=self.clock(), target=self.actuator.name)
@@ -296,6 +300,8 @@ class Steer:
             "actuator": self.actuator.name,
             "allowance": self.allowance,
             "inflight": self.inflight,
+            "actions": dict(self.action_counts),
+            "not_effective": self.not_effective,
             "last": None
             if a is None
             else {

@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
 from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
-from llm_watchdog.gateway.observe import Observer
+from llm_watchdog.gateway.observe import Observer, metrics_registry
 from llm_watchdog.gateway.proxy import Proxy, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
 
@@ -56,6 +57,7 @@ class Gateway:
             ),
         }
         self.observer = Observer(CLASSES, config.ttft_ring_size)
+        self.registry = metrics_registry(self.observer, self.metric_gauges)
         self.changes: deque[dict[str, object]] = deque(maxlen=100)
         self.lease_expirations = dict.fromkeys(CLASSES, 0)
         self.control_changes = dict.fromkeys(CLASSES, 0)
@@ -201,19 +203,24 @@ class Gateway:
         return self.observer[cls].ttft_since(since)
 
     def metrics_text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def metric_gauges(self) -> dict[str, dict[str, float | None]]:
         self.expire_leases()
         gauges: dict[str, dict[str, float | None]] = {
             "inflight": {},
+            "admitting": {},
             "queued": {},
             "allowance": {},
             "allowance_default": {},
             "allowance_ceiling": {},
             "lease_expires_timestamp_seconds": {},
-            "lease_expirations_total": {},
-            "control_changes_total": {},
+            "lease_expirations": {},
+            "control_changes": {},
         }
         for cls, gate in self.gates.items():
             gauges["inflight"][cls] = gate.inflight
+            gauges["admitting"][cls] = gate.limit()
             gauges["queued"][cls] = gate.queued
             a = gate.allowance
             if a is not None:
@@ -221,9 +228,9 @@ class Gateway:
                 gauges["allowance_default"][cls] = a.default
                 gauges["allowance_ceiling"][cls] = a.ceiling
                 gauges["lease_expires_timestamp_seconds"][cls] = a.lease_expires_at
-                gauges["lease_expirations_total"][cls] = self.lease_expirations[cls]
-                gauges["control_changes_total"][cls] = self.control_changes[cls]
-        return self.observer.prometheus(gauges)
+                gauges["lease_expirations"][cls] = self.lease_expirations[cls]
+                gauges["control_changes"][cls] = self.control_changes[cls]
+        return gauges
 
 
 def create_app(config: GatewayConfig) -> Starlette:
@@ -245,11 +252,25 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/control/identity", control.get_identity, methods=["GET"]),
         Route("/control/classes/{name}", control.get_class, methods=["GET"]),
         Route("/control/classes/{name}", control.put_class, methods=["PUT"]),
-        Route("/metrics", control.get_metrics, methods=["GET"]),
+        Route("/metrics", MetricsEndpoint(gateway.registry), methods=["GET", "HEAD"]),
     ]
     app = GatewayApp(proxy, routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app
+
+
+class MetricsEndpoint:
+    """prometheus-client's ASGI app over the gateway's registry, as a Starlette endpoint.
+
+    A class instance, because Starlette wraps plain functions as request handlers and
+    passes only instances through as ASGI apps.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.app = make_asgi_app(registry)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
 
 
 class GatewayApp(Starlette):

@@ -8,7 +8,7 @@
                                      work requests (POSTs) so far and in flight now, per class
     GET  /control/identity           the upstream engine: name, version, models, launch
                                      command (secrets redacted) and where it was read
-    GET  /metrics                    Prometheus text
+    GET  /metrics                    Prometheus text (prometheus-client's ASGI app, app.py)
 
 A refused PUT (401 without a valid token, 400 for a bad value) changes nothing. Errors use
 OpenAI's error shape, like the rest of the gateway.
@@ -194,12 +194,6 @@ async def get_observed(request: Request) -> Response:
             "work_requests_total": {cls: gw.observer[cls].work_requests for cls in gw.gates},
             "inflight": {cls: gate.inflight for cls, gate in gw.gates.items()},
         }
-    )
-
-
-async def get_metrics(request: Request) -> Response:
-    return Response(
-        _gw(request).metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
     )
 
 

@@ -1,8 +1,9 @@
 """What the gateway saw, per class: counters, histograms, and rings of recent values.
 
-Pure bookkeeping (no clock, no I/O): callers pass the times. `Observer.prometheus()` writes
-the Prometheus text exposition format (version 0.0.4), `ClassStats.summary()` the figures
-shown under `observed` in GET /control.
+Pure bookkeeping (no clock, no I/O): callers pass the times. `Observer.families()` gives the
+prometheus-client metric families that `metrics_registry()` serves on /metrics (the gateway
+mounts prometheus-client's ASGI app over it), `ClassStats.summary()` the figures shown under
+`observed` in GET /control.
 
 TTFT here is the time from sending the request upstream to the first body chunk coming
 back, measured on streamed answers (SSE or NDJSON) only: for a non-streamed answer the
@@ -12,13 +13,29 @@ first byte arrives with the last, which is not a time to first token.
 from __future__ import annotations
 
 import math
+import platform
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from llm_watchdog import __version__
 
 # Seconds. TTFT spans a cached 17 ms answer to a multi-second prefill under load (see
-# docs/probe.md); queue waits span 0 to max_queue_wait_s.
-TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# docs/probe.md), the same edges as the daemon's canary histogram from 10 ms to 60 s, so
+# real chat and canary quantiles compare edge for edge; queue waits span 0 to
+# max_queue_wait_s.
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 # Ways a request can end, the `outcome` label of llm_watchdog_gateway_requests_total.
@@ -52,6 +69,16 @@ class Histogram:
         yield f'{name}_bucket{{{labels},le="+Inf"}} {self.count}'
         yield f"{name}_sum{{{labels}}} {self.total:.6f}"
         yield f"{name}_count{{{labels}}} {self.count}"
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le, cumulative count) pairs ending with +Inf, as prometheus-client takes them."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            out.append((repr(float(bound)), running))
+        out.append(("+Inf", self.count))
+        return out
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -123,47 +150,89 @@ class Observer:
     def __getitem__(self, cls: str) -> ClassStats:
         return self.classes[cls]
 
-    def prometheus(self, gauges: dict[str, dict[str, float | None]]) -> str:
-        """The exposition text; `gauges` maps a metric suffix to per-class values."""
+    def families(self, gauges: dict[str, dict[str, float | None]]) -> Iterator[Metric]:
+        """Metric families; `gauges` maps a GAUGE_HELP name to per-class values."""
         p = "llm_watchdog_gateway"
-        out: list[str] = []
-
-        def head(name: str, kind: str, text: str) -> None:
-            out.append(f"# HELP {p}_{name} {text}")
-            out.append(f"# TYPE {p}_{name} {kind}")
-
-        head("requests_total", "counter", "Requests by class and how they ended.")
+        requests = CounterMetricFamily(
+            f"{p}_requests", "Requests by class and how they ended.", labels=["class", "outcome"]
+        )
+        chunks = CounterMetricFamily(
+            f"{p}_relayed_chunks",
+            "Body pieces relayed to clients: one per upstream read, holding all it brought.",
+            labels=["class"],
+        )
+        ttft = HistogramMetricFamily(
+            f"{p}_ttft_seconds",
+            "Request sent upstream to first body chunk back, streamed answers only.",
+            labels=["class"],
+        )
+        wait = HistogramMetricFamily(
+            f"{p}_queue_wait_seconds",
+            "Time spent waiting for an allowance place.",
+            labels=["class"],
+        )
         for cls, st in self.classes.items():
             for outcome, n in st.outcomes.items():
-                out.append(f'{p}_requests_total{{class="{cls}",outcome="{outcome}"}} {n}')
-        head(
-            "relayed_chunks_total",
-            "counter",
-            "Body pieces relayed to clients: one per upstream read, holding all it brought.",
-        )
-        for cls, st in self.classes.items():
-            out.append(f'{p}_relayed_chunks_total{{class="{cls}"}} {st.chunks}')
-        head(
-            "ttft_seconds",
-            "histogram",
-            "Request sent upstream to first body chunk back, streamed answers only.",
-        )
-        for cls, st in self.classes.items():
-            out.extend(st.ttft.lines(f"{p}_ttft_seconds", f'class="{cls}"'))
-        head("queue_wait_seconds", "histogram", "Time spent waiting for an allowance place.")
-        for cls, st in self.classes.items():
-            out.extend(st.queue_wait.lines(f"{p}_queue_wait_seconds", f'class="{cls}"'))
+                requests.add_metric([cls, outcome], n)
+            chunks.add_metric([cls], st.chunks)
+            ttft.add_metric([cls], st.ttft.cumulative(), st.ttft.total)
+            wait.add_metric([cls], st.queue_wait.cumulative(), st.queue_wait.total)
+        yield from (requests, chunks, ttft, wait)
         for name, (kind, text) in GAUGE_HELP.items():
             values = gauges.get(name, {})
-            head(name, kind, text)
+            fam: Metric
+            if kind == "counter":
+                fam = CounterMetricFamily(f"{p}_{name}", text, labels=["class"])
+            else:
+                fam = GaugeMetricFamily(f"{p}_{name}", text, labels=["class"])
             for cls, value in values.items():
-                shown = "NaN" if value is None else f"{value:g}"
-                out.append(f'{p}_{name}{{class="{cls}"}} {shown}')
-        return "\n".join(out) + "\n"
+                fam.add_metric([cls], math.nan if value is None else float(value))
+            yield fam
+
+    def prometheus(self, gauges: dict[str, dict[str, float | None]]) -> str:
+        """The text exposition format (0.0.4) of `families(gauges)`."""
+        return generate_latest(_Once(self.families(gauges))).decode()
+
+
+class _Once(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+class GatewayCollector(Collector):
+    """Build info and the observer's families, read at scrape time on the gateway's loop."""
+
+    def __init__(
+        self, observer: Observer, gauges: Callable[[], dict[str, dict[str, float | None]]]
+    ) -> None:
+        self.observer = observer
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        info = InfoMetricFamily("llm_watchdog_build", "llm-watchdog's version and Python.")
+        info.add_metric([], {"version": __version__, "python": platform.python_version()})
+        yield info
+        yield from self.observer.families(self.gauges())
+
+
+def metrics_registry(
+    observer: Observer, gauges: Callable[[], dict[str, dict[str, float | None]]]
+) -> CollectorRegistry:
+    """A registry of the gateway's own (two gateways in one test process stay apart)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GatewayCollector(observer, gauges))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 GAUGE_HELP = {
     "inflight": ("gauge", "Requests admitted and not yet finished."),
+    "admitting": ("gauge", "What the ramp admits now, on its way to the allowance."),
     "queued": ("gauge", "Requests waiting for an allowance place."),
     "allowance": ("gauge", "Concurrency allowance now (NaN: unlimited)."),
     "allowance_default": ("gauge", "Allowance that a lease returns to."),
@@ -172,6 +241,6 @@ GAUGE_HELP = {
         "gauge",
         "Unix time the current lease ends (NaN: no lease).",
     ),
-    "lease_expirations_total": ("counter", "Leases that ran out and restored the default."),
-    "control_changes_total": ("counter", "Allowance changes accepted by the control API."),
+    "lease_expirations": ("counter", "Leases that ran out and restored the default."),
+    "control_changes": ("counter", "Allowance changes accepted by the control API."),
 }

@@ -1,0 +1,127 @@
+"""`llm-watchdog report` from a heat-lab run, opened in headless Chromium: every chart drawn."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from llm_watchdog.cli import cli
+from llm_watchdog.demo import DemoOptions, run_demo
+from llm_watchdog.report.charts import report_png
+from llm_watchdog.report.data import from_rows
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's chromium)"
+)
+BOX = re.compile(r'id="chart-(\w+)" class="chart" data-box="(\d+),(\d+),(\d+),(\d+)"')
+
+
+@pytest.fixture(scope="module")
+def heat_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A short demo: the heat lab heats, chat slows, the watchdog cuts and gives back."""
+    db = tmp_path_factory.mktemp("heat") / "heat.db"
+    run_demo(
+        DemoOptions(duration_s=50, time_scale=40, baseline_probes=20, db_path=db),
+        say=lambda line: None,
+    )
+    yield db
+
+
+def coloured_share(img: Image.Image, box: tuple[int, int, int, int]) -> float:
+    """Share of pixels in `box` that are a colour (not white, grey or black): data, not axes."""
+    x, y, w, h = box
+    rgb = np.asarray(img.convert("RGB"), dtype=np.int16)[y : y + h, x : x + w]
+    spread = rgb.max(axis=2) - rgb.min(axis=2)
+    return float((spread > 60).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@needs_chromium
+def test_report_page_draws_every_chart_in_chromium(heat_run: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(
+        cli, ["report", "--db", str(heat_run), "--since", "10m", "--out", str(page)]
+    )
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    boxes = {m.group(1): tuple(int(v) for v in m.groups()[1:]) for m in BOX.finditer(text)}
+    assert set(boxes) == {"ttft", "gpu", "batch", "scatter"}
+    assert 'data-drawn="0"' not in text, "a chart had nothing to draw"
+    # The demo's probes carry the batch in flight: the headroom map has rows to show.
+    assert "<h2>Headroom</h2>" in text and "<th>confidence</th>" in text
+    shot = tmp_path / "shot.png"
+    bottom = max(y + h for _, y, _, h in boxes.values()) + 40
+    run = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            f"--window-size=1100,{bottom}",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), run.stderr[-2000:]
+    img = Image.open(shot)
+    assert img.size == (1100, bottom)
+    for name, box in boxes.items():
+        share = coloured_share(img, box)  # type: ignore[arg-type]
+        # A chart with nothing to draw has axes, grid and grey text only: 0 coloured.
+        assert share > 0.002, f"chart {name} looks blank in Chromium ({share:.4f} coloured)"
+    # Between the charts the page is white: the boxes are where the charts are.
+    x, y, w, h = boxes["ttft"]
+    gap = (x, y + h + 2, w, 2)
+    assert coloured_share(img, gap) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_report_png_and_what_it_says(heat_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.png"
+    result = CliRunner().invoke(
+        cli,
+        ["report", "--db", str(heat_run), "--since", "10m", "--out", str(out), "--target", "1s"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "drift events" in result.output and "control actions" in result.output
+    img = Image.open(out)
+    assert img.size[0] == 1050 and img.size[1] > 1200
+    assert coloured_share(img, (0, 0, img.size[0], img.size[1])) > 0.004
+
+
+def test_an_empty_chart_has_no_coloured_pixels(tmp_path: Path) -> None:
+    T0 = 1_796_100_000.0
+    png = tmp_path / "empty.png"
+    empty = from_rows(source="t", since_ts=T0, until_ts=T0 + 60, probes=[], gpu=[])
+    png.write_bytes(report_png(empty))
+    img = Image.open(png)
+    assert coloured_share(img, (0, 0, img.size[0], img.size[1])) == 0.0
+
+
+def test_bad_arguments_get_one_line_that_says_what_to_do(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(cli, ["report", "--out", str(tmp_path / "r.pdf"), "--db", "x.db"])
+    assert r.exit_code == 2 and ".html or .png" in r.output
+    r = runner.invoke(cli, ["report", "--out", str(tmp_path / "r.html"), "--db", "nope.db"])
+    assert r.exit_code == 1 and "no database at nope.db" in r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(
+        cli, ["report", "--out", str(tmp_path / "r.html"), "--prometheus", "http://127.0.0.1:9"]
+    )
+    assert r.exit_code == 1 and "cannot reach Prometheus" in r.output

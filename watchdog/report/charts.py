@@ -1,0 +1,186 @@
+"""The report's charts, drawn with matplotlib's Agg canvas (no display, no pyplot state).
+
+Each `draw_*` function draws one chart of a `Report` on the axes it is given, so the same
+drawing makes the HTML page's separate images and the PNG's one tall picture.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
+from matplotlib.figure import Figure
+
+from llm_watchdog.report.data import Report, Series
+
+P50 = "#1f77b4"
+P95 = "#d62728"
+TARGET = "#2ca02c"
+TEMP = "#e6550d"
+CLOCK = "#3182bd"
+THROTTLE = "#9e9ac8"
+DRIFT = "#fdae6b"
+ALLOWANCE = "#31a354"
+INFLIGHT = "#756bb1"
+ACTION = "#636363"
+
+WIDTH_IN, HEIGHT_IN, DPI = 10.5, 3.2, 100
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, timezone.utc)
+
+
+def _x(ts: float) -> float:
+    """Matplotlib's date number for unix seconds (the axis shows UTC)."""
+    return float(date2num(_dt(ts)))
+
+
+def _xy(series: Series, scale: float = 1.0) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for ts, v in zip(series.ts, series.values, strict=True):
+        xs.append(_x(ts))
+        ys.append(float("nan") if v is None else v * scale)
+    return xs, ys
+
+
+def _time_axis(ax: Axes, r: Report) -> None:
+    locator = AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+    ax.set_xlim(_x(r.since_ts), _x(r.until_ts))
+    ax.set_xlabel("UTC")
+    ax.grid(True, alpha=0.3)
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def _action_marks(ax: Axes, r: Report) -> None:
+    for i, m in enumerate(r.actions):
+        label = "control action" if i == 0 else None
+        ax.axvline(_x(m.ts), color=ACTION, lw=0.8, ls=":", label=label)
+
+
+def draw_ttft(ax: Axes, r: Report) -> bool:
+    """Chat (canary) TTFT p50/p95 per window against the target; drift events shaded."""
+    ax.set_title("Chat TTFT (canary) p50 / p95 against the target")
+    ax.set_ylabel("seconds")
+    _time_axis(ax, r)
+    for i, p in enumerate(r.drift):
+        ax.axvspan(_x(p.start_ts), _x(p.end_ts), color=DRIFT, alpha=0.3,
+                   label="drift event" if i == 0 else None)  # fmt: skip
+    _action_marks(ax, r)
+    if not r.ttft_p95_ms:
+        _empty(ax, "no canary TTFT in this span")
+        return False
+    ax.plot(*_xy(r.ttft_p50_ms, 0.001), color=P50, lw=1.5, marker=".", label="p50")
+    ax.plot(*_xy(r.ttft_p95_ms, 0.001), color=P95, lw=1.5, marker=".", label="p95")
+    if r.target_p95_ms:
+        ax.axhline(r.target_p95_ms / 1000.0, color=TARGET, ls="--", lw=1.2, label="target p95")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    return True
+
+
+def draw_gpu(ax: Axes, r: Report) -> bool:
+    """GPU temperature (left) and SM clock (right), throttled periods shaded."""
+    ax.set_title("GPU temperature and SM clock; throttled periods shaded")
+    _time_axis(ax, r)
+    for i, p in enumerate(r.throttled):
+        ax.axvspan(_x(p.start_ts), _x(p.end_ts), color=THROTTLE, alpha=0.35,
+                   label="throttled" if i == 0 else None)  # fmt: skip
+    if not r.temp_c and not r.sm_clock_mhz:
+        _empty(ax, "no GPU samples in this span")
+        return False
+    ax.plot(*_xy(r.temp_c), color=TEMP, lw=1.5, label="temperature °C")
+    ax.set_ylabel("°C", color=TEMP)
+    right = ax.twinx()
+    right.plot(*_xy(r.sm_clock_mhz), color=CLOCK, lw=1.2, label="SM clock MHz")
+    right.set_ylabel("MHz", color=CLOCK)
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower left", fontsize=8)
+    return True
+
+
+def draw_batch(ax: Axes, r: Report) -> bool:
+    """The batch allowance (steps) and the batch requests in flight; control actions marked."""
+    ax.set_title("Batch allowance and batch in flight; control actions marked")
+    ax.set_ylabel("requests")
+    _time_axis(ax, r)
+    _action_marks(ax, r)
+    if not r.allowance and not r.inflight:
+        _empty(ax, "no batch allowance or in-flight counts in this span")
+        return False
+    if r.allowance:
+        ax.plot(*_xy(r.allowance), color=ALLOWANCE, lw=1.8, drawstyle="steps-post",
+                label="allowance")  # fmt: skip
+    if r.inflight:
+        ax.plot(*_xy(r.inflight), color=INFLIGHT, lw=1.0, marker=".", ms=3, label="in flight")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    return True
+
+
+def draw_scatter(ax: Axes, r: Report) -> bool:
+    """TTFT against SM clock, one point per canary, coloured by batch in flight."""
+    ax.set_title("Canary TTFT against SM clock, coloured by batch in flight")
+    ax.set_xlabel("SM clock MHz")
+    ax.set_ylabel("TTFT seconds")
+    ax.grid(True, alpha=0.3)
+    if not r.scatter:
+        _empty(ax, "no canaries with a GPU sample beside them")
+        return False
+    xs = [p[0] for p in r.scatter]
+    ys = [p[1] / 1000.0 for p in r.scatter]
+    cs = [p[2] for p in r.scatter]
+    points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=14, alpha=0.8)
+    if min(ys) > 0 and max(ys) / min(ys) > 20:
+        ax.set_yscale("log")
+    ax.figure.colorbar(points, ax=ax, label="batch in flight")
+    return True
+
+
+CHARTS: list[tuple[str, Callable[[Axes, Report], bool]]] = [
+    ("ttft", draw_ttft),
+    ("gpu", draw_gpu),
+    ("batch", draw_batch),
+    ("scatter", draw_scatter),
+]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig)
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def chart_pngs(r: Report) -> list[tuple[str, bytes, bool]]:
+    """(id, PNG bytes, drawn) per chart, each WIDTH_IN × HEIGHT_IN inches at DPI."""
+    out = []
+    for name, draw in CHARTS:
+        fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
+        drawn = draw(fig.add_subplot(), r)
+        out.append((name, _png(fig), drawn))
+    return out
+
+
+def report_png(r: Report) -> bytes:
+    """Every chart in one tall picture, with the source and span as its title."""
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN * len(CHARTS) + 0.5), layout="constrained")
+    fig.suptitle(f"llm-watchdog report: {r.source}, {_span(r)}", fontsize=10)
+    for ax, (_, draw) in zip(fig.subplots(len(CHARTS), 1), CHARTS, strict=True):
+        draw(ax, r)
+    return _png(fig)
+
+
+def _span(r: Report) -> str:
+    fmt = "%Y-%m-%d %H:%M UTC"
+    return f"{_dt(r.since_ts).strftime(fmt)} to {_dt(r.until_ts).strftime(fmt)}"

@@ -1,0 +1,225 @@
+"""What a report shows, as plain values, from the daemon's rows or from Prometheus series.
+
+Pure: rows and series in, a `Report` out; no clock, no files, no sockets. `charts.py` draws
+it and `page.py` lays it out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_watchdog.nvml.throttle import is_throttled, reason_names
+
+
+@dataclass
+class Series:
+    """Points over time: unix seconds and a value (None where nothing was measured)."""
+
+    ts: list[float] = field(default_factory=list)
+    values: list[float | None] = field(default_factory=list)
+
+    def add(self, ts: float, value: float | None) -> None:
+        self.ts.append(ts)
+        self.values.append(value)
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in self.values)
+
+
+@dataclass(frozen=True)
+class Period:
+    start_ts: float
+    end_ts: float
+    label: str  # the throttle reasons, or the drift event's kind and cause
+
+
+@dataclass(frozen=True)
+class Mark:
+    ts: float
+    label: str  # a control action: "cut 8 -> 4"
+
+
+@dataclass
+class Report:
+    source: str  # "database /var/lib/…/watchdog.db" or "Prometheus http://…, instance box1"
+    since_ts: float
+    until_ts: float
+    target_p95_ms: float | None = None
+    ttft_p50_ms: Series = field(default_factory=Series)
+    ttft_p95_ms: Series = field(default_factory=Series)
+    temp_c: Series = field(default_factory=Series)
+    sm_clock_mhz: Series = field(default_factory=Series)
+    throttled: list[Period] = field(default_factory=list)
+    allowance: Series = field(default_factory=Series)
+    inflight: Series = field(default_factory=Series)
+    drift: list[Period] = field(default_factory=list)
+    actions: list[Mark] = field(default_factory=list)
+    # (SM clock MHz, TTFT ms, batch in flight) per canary, or per step from Prometheus.
+    scatter: list[tuple[float, float, float]] = field(default_factory=list)
+    headroom: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        p95 = [v for v in self.ttft_p95_ms.values if v is not None]
+        temps = [v for v in self.temp_c.values if v is not None]
+        return {
+            "windows": len(self.ttft_p95_ms.ts),
+            "worst_p95_ms": max(p95) if p95 else None,
+            "windows_over_target": sum(
+                1 for v in p95 if self.target_p95_ms and v > self.target_p95_ms
+            ),
+            "peak_temp_c": max(temps) if temps else None,
+            "throttled_s": sum(p.end_ts - p.start_ts for p in self.throttled),
+            "drift_events": len(self.drift),
+            "control_actions": len(self.actions),
+        }
+
+
+def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:
+    """The quantile window for a span: at most 100 windows, and about 10 probes in each (a
+    p95 of two probes is noise)."""
+    span = max(60.0, until_ts - since_ts)
+    least = 10.0 * (probe_interval_s or 0.0)
+    for step in (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400):
+        if span / step <= 100 and step >= least:
+            return float(step)
+    return 86400.0
+
+
+def probe_interval_s(probes: Sequence[dict[str, Any]]) -> float | None:
+    """The median time between probes; None with fewer than two."""
+    gaps = sorted(b["ts"] - a["ts"] for a, b in zip(probes, probes[1:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def ttft_windows(
+    probes: Sequence[dict[str, Any]], since_ts: float, until_ts: float, step_s: float
+) -> tuple[Series, Series]:
+    """Warm, successful canary TTFT p50 and p95 per window (window mid-points)."""
+    buckets: dict[int, list[float]] = {}
+    for p in probes:
+        if p.get("ok") and not p.get("cold") and p.get("ttft_ms") is not None:
+            buckets.setdefault(int((p["ts"] - since_ts) // step_s), []).append(p["ttft_ms"])
+    p50, p95 = Series(), Series()
+    for i in range(int(math.ceil((until_ts - since_ts) / step_s))):
+        mid = since_ts + (i + 0.5) * step_s
+        values = buckets.get(i, [])
+        p50.add(mid, nearest_rank(values, 0.50))
+        p95.add(mid, nearest_rank(values, 0.95))
+    return p50, p95
+
+
+def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
+    """Runs of samples whose clock-event reasons are a throttle (heat or power)."""
+    periods: list[Period] = []
+    start: float | None = None
+    last_ts = 0.0
+    names: set[str] = set()
+    gaps = [b["ts"] - a["ts"] for a, b in zip(gpu, gpu[1:], strict=False)]
+    max_gap = 3.0 * sorted(gaps)[len(gaps) // 2] if gaps else math.inf
+    for g in gpu:
+        mask = g.get("throttle_reasons")
+        on = is_throttled(mask)
+        if start is not None and (not on or g["ts"] - last_ts > max_gap):
+            periods.append(Period(start, last_ts, ",".join(sorted(names))))
+            start, names = None, set()
+        if on:
+            if start is None:
+                start = g["ts"]
+            names.update(reason_names(mask))
+            last_ts = g["ts"]
+    if start is not None:
+        periods.append(Period(start, last_ts, ",".join(sorted(names))))
+    return periods
+
+
+def _at(ts_sorted: list[float], rows: Sequence[dict[str, Any]], ts: float, key: str) -> Any:
+    """The value of `key` in the row nearest before or at `ts`."""
+    i = bisect.bisect_right(ts_sorted, ts) - 1
+    return rows[i].get(key) if i >= 0 else None
+
+
+def from_rows(
+    *,
+    source: str,
+    since_ts: float,
+    until_ts: float,
+    probes: Sequence[dict[str, Any]],
+    gpu: Sequence[dict[str, Any]],
+    actions: Sequence[dict[str, Any]] = (),
+    events: Sequence[dict[str, Any]] = (),
+    headroom: Sequence[dict[str, Any]] = (),
+    target_p95_ms: float | None = None,
+    gpu_index: int | None = None,
+) -> Report:
+    """A report from the daemon's own rows (one GPU: the first, or `gpu_index`).
+
+    The span starts at the first row when the data starts later (a daemon started an hour
+    ago, asked for a day), so the charts show the data rather than an empty left side.
+    """
+    firsts = [rows[0]["ts"] for rows in (probes, gpu) if rows]
+    if firsts and min(firsts) > since_ts:
+        since_ts = max(since_ts, min(firsts) - 0.02 * (until_ts - min(firsts)))
+    if gpu:
+        index = gpu_index if gpu_index is not None else min(g["gpu_index"] for g in gpu)
+        gpu = [g for g in gpu if g["gpu_index"] == index]
+    report = Report(source, since_ts, until_ts, target_p95_ms=target_p95_ms)
+    step = window_s(since_ts, until_ts, probe_interval_s(probes))
+    report.ttft_p50_ms, report.ttft_p95_ms = ttft_windows(probes, since_ts, until_ts, step)
+    for g in gpu:
+        report.temp_c.add(g["ts"], g.get("temp_c"))
+        report.sm_clock_mhz.add(g["ts"], g.get("sm_clock_mhz"))
+    report.throttled = throttled_periods(gpu)
+    for p in probes:
+        report.inflight.add(p["ts"], p.get("batch_inflight"))
+        if not actions:
+            report.allowance.add(p["ts"], p.get("batch_allowance"))
+    for a in actions:
+        if a.get("applied") == 0:
+            continue
+        report.allowance.add(a["ts"], a.get("allowance_after"))
+        if a.get("kind") != "hold" and a.get("allowance_after") != a.get("allowance_before"):
+            report.actions.append(
+                Mark(a["ts"], f"{a['kind']} {a['allowance_before']}→{a['allowance_after']}")
+            )
+    # What the daemon last saw: an event still open then, or an allowance still in force,
+    # is drawn up to there, not on past a daemon that stopped.
+    last_ts = max([rows[-1]["ts"] for rows in (probes, gpu) if rows], default=until_ts)
+    if actions and report.allowance.ts:
+        report.allowance.add(max(last_ts, report.allowance.ts[-1]), report.allowance.values[-1])
+    for e in events:
+        end = e.get("end_ts") or max(last_ts, e["start_ts"])
+        report.drift.append(
+            Period(max(e["start_ts"], since_ts), min(end, until_ts), f"{e['kind']} ({e['cause']})")
+        )
+    gpu_ts = [g["ts"] for g in gpu]
+    for p in probes:
+        if not p.get("ok") or p.get("cold") or p.get("ttft_ms") is None:
+            continue
+        clock = _at(gpu_ts, gpu, p["ts"], "sm_clock_mhz")
+        if clock is not None:
+            report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight") or 0))
+    report.headroom = list(headroom)
+    if not probes:
+        report.notes.append("No canary probes in this span: is the daemon running?")
+    if not gpu:
+        report.notes.append("No GPU samples in this span (latency-only mode or no GPU).")
+    return report
+
+
+def merge_series(points: Iterable[tuple[float, float]]) -> Series:
+    out = Series()
+    for ts, v in sorted(points):
+        out.add(ts, v)
+    return out
