@@ -32,6 +32,8 @@ catch ValueError around parsing keep working.
 
 from __future__ import annotations
 
+import re
+
 # Exit codes of every command and service (sysexits.h for EX_CONFIG). Start-up failure is 3,
 # as in uvicorn: distinct from a crash (1) and from a bad config (78), so systemd's
 # RestartPreventExitStatus= can tell them apart.
@@ -42,8 +44,30 @@ EXIT_STARTUP_FAILED = 3
 EX_CONFIG = 78
 
 
+# C0 controls (newline and tab included), DEL and C1 controls: an engine's error body or a
+# client's reason may hold ANSI escapes or a newline that would fake a log or table line.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as an escape (`\\x1b`, `\\n`), so that it
+    prints as one inert line on a terminal or in the journal."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or f"\\x{ord(ch):02x}"
+
+
 class WatchdogError(Exception):
-    """Base of every error the project raises on purpose. str(err) is one line."""
+    """Base of every error the project raises on purpose. str(err) is one line: a control
+    character that came in with a value (a key, a file name, an engine's text) is escaped."""
+
+    def __str__(self) -> str:
+        return printable(super().__str__())
 
 
 class ConfigError(WatchdogError):

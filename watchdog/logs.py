@@ -1,29 +1,17 @@
-"""Logging set-up: journald-friendly lines under systemd, plain timestamped lines elsewhere."""
+"""Logging set-up: journald-friendly lines under systemd, plain timestamped lines elsewhere.
+
+Every line is escaped with `printable` (defined with the error tree, which needs it too), so
+a control character in a message cannot fake a log line.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any
 
-# C0 controls (newline and tab included), DEL and C1 controls: an engine's error body or a
-# client's reason may hold ANSI escapes or a newline that would fake a log or table line.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character written as an escape (`\\x1b`, `\\n`), so that it
-    prints as one inert line on a terminal or in the journal."""
-    if not _CONTROLS.search(text):
-        return text
-    return _CONTROLS.sub(_escape, text)
-
-
-def _escape(m: re.Match[str]) -> str:
-    ch = m.group()
-    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or f"\\x{ord(ch):02x}"
+from llm_watchdog.errors import printable
 
 
 class _PrintableMixin(logging.Formatter):
@@ -71,3 +59,6 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) ->
     # interval) at WARNING: both expected, both noise at a 1 s GPU interval.
     logging.getLogger("apscheduler").setLevel(max(logging.ERROR, root.level))
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+
+
+__all__ = ["printable", "setup_logging"]

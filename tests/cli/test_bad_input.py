@@ -45,6 +45,7 @@ BAD_ARGUMENTS = [
     ("bench", "show", "--bogus"),
     ("bench", "list", "--bogus"),
     ("headroom", "--bogus"),
+    ("report", "--bogus"),
     ("demo", "--time-scale", "0"),
     ("probe", "--rounds", "0"),
     ("probe", "--cache-mode", "sometimes"),

@@ -285,3 +285,10 @@ def test_time_arguments_give_a_time_since_1970_or_a_value_error(text: str) -> No
 
 def test_the_thorough_profile_runs_10000_examples() -> None:
     assert settings.get_profile("thorough").max_examples >= THOROUGH_EXAMPLES == 10_000
+
+
+def test_a_config_key_holding_a_newline_is_named_on_one_line() -> None:
+    # Found by the thorough profile: an unknown key "\n" made a two-line error.
+    with pytest.raises(ConfigError) as err:
+        settings_from_dict({"server": {"\n": None}}, "fuzz.toml")
+    assert "\n" not in str(err.value) and "[server] \\n: unknown key" in str(err.value)
