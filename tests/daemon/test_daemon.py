@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
@@ -146,7 +147,13 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path, db_path):
         assert [e["kind"] for e in events] == ["nvml_unavailable"]
         assert err.count("latency-only") == 1
     assert "watching " + srv.url in err
-    assert 'llm_watchdog_probes_total{outcome="ok",error=""}' in metrics
+    # Parsed, not matched as text: prometheus-client orders a sample's labels its own way.
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    assert samples[("llm_watchdog_probes_total", (("error", ""), ("outcome", "ok")))] > 0
     assert "llm_watchdog_ttft_seconds_count" in metrics
     assert status["last_probe"]["ok"] is True and status["server"] == srv.url
     assert status["drift"]["learning"]["need"] == 300
