@@ -10,16 +10,28 @@ from hypothesis import HealthCheck, settings
 THOROUGH_EXAMPLES = 10_000
 
 # database=None: no example database written into the repository (.hypothesis/), and runs
-# that do not depend on what an earlier run found.
+# that do not depend on what an earlier run found. derandomize: the examples follow from the
+# code alone, so a CI run fails only on what a change did, and a failure replays as it came.
+# `HYPOTHESIS_PROFILE=explore` draws new random examples, for a search of one's own.
 settings.register_profile(
     "quick",
     max_examples=100,
     deadline=None,
     database=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
     "thorough",
+    max_examples=THOROUGH_EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "explore",
     max_examples=THOROUGH_EXAMPLES,
     deadline=None,
     database=None,
