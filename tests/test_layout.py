@@ -185,7 +185,9 @@ def test_every_package_is_in_the_wheel() -> None:
 
 @pytest.mark.parametrize("folder", ["watchdog", "tests", ".ci", "systemd", "probes", "data"])
 def test_nothing_refers_to_files_outside_the_repository(folder: str) -> None:
-    outside = re.compile(r"\.\./shared|shared/fixtures|shared/DESIGN|DESIGN\.md")
+    # Spelled in pieces, so that this file does not itself read as such a reference.
+    shared = "shared"
+    outside = re.compile(rf"\.\./{shared}|{shared}/fixtures|{shared}/DESIGN|DESIGN\.md")
     hits = [
         f"{p.relative_to(ROOT)}:{n}"
         for p in (ROOT / folder).rglob("*")
