@@ -473,21 +473,7 @@ def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fm
         run = _get(store, run_id)
         rows = stored.run_requests(store, run_id) if requests else []
     if requests:
-        cols = [
-            "level_index",
-            "kind",
-            "ts",
-            "prompt_id",
-            "outcome",
-            "ttft_ms",
-            "wait_ms",
-            "total_ms",
-            "output_tokens",
-            "output_chars",
-            "quality_pass",
-            "error_class",
-        ]
-        emit(rows, cols, fmt)
+        emit(rows, stored.REQUEST_LISTING_COLUMNS, fmt)
         return
     if fmt == "json":
         click.echo(json.dumps(run, sort_keys=True, default=str))

@@ -52,6 +52,8 @@ _REQUEST_FIELDS = (
     "error_class",
     "detail",
 )
+# What `bench show --requests` lists: every stored request column but the run and the detail.
+REQUEST_LISTING_COLUMNS = [c for c in _REQUEST_FIELDS if c not in ("run_id", "detail")]
 _GPU_FIELDS = (
     "run_id",
     "level_index",
