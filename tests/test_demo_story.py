@@ -23,9 +23,7 @@ AFTER = {
 @pytest.mark.timeout(400)
 def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_path):
     said: list[str] = []
-    opts = DemoOptions(
-        duration_s=180, time_scale=25, baseline_probes=20, db_path=tmp_path / "demo.db"
-    )
+    opts = DemoOptions(duration_s=180, time_scale=25, db_path=tmp_path / "demo.db")
     result = run_demo(opts, say=said.append)
     told = story(result)
     steps = [step for _, step, _ in told]

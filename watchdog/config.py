@@ -132,7 +132,7 @@ class DriftSettings:
     """The judging side (llm_watchdog.drift.DriftConfig holds the full set of tuning constants)."""
 
     enabled: bool = True
-    # Warm, unthrottled probes a baseline is learned from: 300 = 50 min at a 10 s interval.
+    # Warm probes free of heat bits a baseline is learned from: 300 = 50 min at a 10 s interval.
     baseline_probes: int = 300
     # The smallest slowdown worth an alarm (TTFT ratio against the baseline).
     shift_ratio: float = 1.3

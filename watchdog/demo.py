@@ -46,7 +46,11 @@ class DemoOptions:
     scenario: str = "demo"
     duration_s: float = 210.0
     time_scale: float = 20.0
-    probe_interval_s: float = 1.0
+    # Two canaries a second: the baseline then has 50 probes before the fans stop, and the
+    # detector's margin for a baseline's own uncertainty (1.25/sqrt(n)) is small enough to
+    # confirm the heat's slowdown while it lasts. Under the batch a third of the canaries land
+    # on a prefill chunk at the power cap; they are in the baseline, which makes it noisier.
+    probe_interval_s: float = 0.5
     batch_streams: int = 16  # what the batch job would like in flight
     # The static allowance a user would have set: chat meets its target with it on the cool
     # card and misses it on the hot one (docs/drift.md, "The demo").
@@ -55,7 +59,7 @@ class DemoOptions:
     # chat was fine with, not more load than the baseline was learned under.
     ceiling: int = 4
     target_p95_ms: float | None = None  # None: the scenario's chat SLO
-    baseline_probes: int = 25
+    baseline_probes: int = 50
     document_words: int = 700
     answer_tokens: int = 200
     db_path: Path | None = None

@@ -195,8 +195,10 @@ class _Handler(BaseHTTPRequestHandler):
                     "model": "fake-model",
                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
                 }
-                self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                # Counted before the write: the client may read the chunk before this
+                # thread runs again.
                 seen.chunks_sent += 1
+                self._chunk(f"data: {json.dumps(event)}\n\n".encode())
                 if i == 0 and hold and not self._wait_hold(hold):
                     raise ConnectionResetError("peer closed while held")
                 time.sleep(delay_s)

@@ -120,7 +120,7 @@ class Baseline:
     z_var: float = 1.0
     z_lag1: float = 0.3
     quality_fail_rate: float | None = None
-    throttled: bool = False  # no unthrottled probes came in time: taken with throttle bits set
+    throttled: bool = False  # too few probes free of heat bits came in time: taken hot
 
     def __post_init__(self) -> None:
         if self.source not in ("auto", "capture"):
@@ -210,7 +210,7 @@ class DriftConfig:
     # slows detection as n shrinks. More buys few false alarms for hours more without
     # detection (docs/drift.md has the figures).
     baseline_n: int = 300
-    # Warm ok probes to wait for unthrottled ones before learning from throttled ones anyway
+    # Warm ok probes to wait for ones free of heat bits before learning from hot ones anyway
     # (a GPU that sits at its power cap under batch load would otherwise never get a baseline).
     baseline_max_wait: int = 900
     # Detector: the smallest TTFT ratio worth an alarm sets the CUSUM reference value.
