@@ -216,29 +216,36 @@ class Daemon:
                     old.close()
             elif self.model and self.prober.model != self.model:
                 self.prober.model = self.model
-        self._find_engine_gpus()
-        self._record_fingerprint()
+        ident = self._gateway_identity()
+        self._find_engine_gpus(ident)
+        self._record_fingerprint(ident)
 
-    def _find_engine_gpus(self) -> None:
+    def _find_engine_gpus(self, ident: dict[str, Any] | None) -> None:
         """The engine's process tree and the processes NVML sees on each GPU, re-read with the
-        fingerprint: an engine restarted on other cards is followed within a minute."""
+        fingerprint: an engine restarted on other cards is followed within a minute. Behind
+        an llm-watchdog gateway the probed port is the gateway's, so the engine's pid is the
+        one the gateway's identity names."""
         if self._indices_fixed or not self.reader.available:
             return
-        port = server_port(self.settings.server.url)
-        host = urlsplit(self.settings.server.url).hostname or ""
-        if port is not None and host in ("127.0.0.1", "localhost", "::1"):
-            pid = listening_pid(port, host="127.0.0.1" if host == "localhost" else host)
-            self._engine_pids = process_tree(pid) if pid is not None else set()
+        if ident is not None:
+            pid = ident.get("engine_pid")
+            engine_pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+            self._engine_pids = process_tree(engine_pid) if engine_pid is not None else set()
+        else:
+            port = server_port(self.settings.server.url)
+            host = urlsplit(self.settings.server.url).hostname or ""
+            if port is not None and host in ("127.0.0.1", "localhost", "::1"):
+                pid = listening_pid(port, host="127.0.0.1" if host == "localhost" else host)
+                self._engine_pids = process_tree(pid) if pid is not None else set()
         self._compute_pids = self.reader.compute_pids()
 
-    def _launch_command(self) -> tuple[str | list[str] | None, str]:
+    def _launch_command(self, ident: dict[str, Any] | None) -> tuple[str | list[str] | None, str]:
         """The engine's command line and where it was read (the fingerprint's
         launch_command_source): the config, the gateway in front of the engine, the
         listening process, the engine's systemd unit, or why it could not be read."""
         s = self.settings.server
         if s.launch_command != "auto":
             return s.launch_command, "config"
-        ident = self._gateway_identity()
         if ident is not None:
             command = ident.get("launch_command")
             source = ident.get("launch_command_source") or "unknown"
@@ -266,10 +273,10 @@ class Daemon:
             return doc
         return None
 
-    def _record_fingerprint(self) -> None:
+    def _record_fingerprint(self, ident: dict[str, Any] | None) -> None:
         infos = self.reader.infos() if self.reader.available else []
         first = infos[0] if infos else None
-        command, source = self._launch_command()
+        command, source = self._launch_command(ident)
         fp = build_fingerprint(
             engine=self.engine.engine,
             engine_version=self.engine.version,

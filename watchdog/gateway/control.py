@@ -202,17 +202,20 @@ def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any
     # Imported here: the identity is read rarely, and the hot path need not load the probe.
     from llm_watchdog.probe.engine import detect_engine
     from llm_watchdog.probe.fingerprint import redact_command
-    from llm_watchdog.probe.procinfo import launch_command
+    from llm_watchdog.probe.procinfo import launch_command, listening_pid
 
     info = detect_engine(upstream_url)
     parts = urlsplit(upstream_url)
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
     host = parts.hostname or ""
     local = host in ("127.0.0.1", "localhost", "::1")
+    pid = None
     if local:
-        argv, source = launch_command(
-            port, "127.0.0.1" if host == "localhost" else host, engine_unit=engine_unit
-        )
+        where = "127.0.0.1" if host == "localhost" else host
+        argv, source = launch_command(port, where, engine_unit=engine_unit)
+        # The daemon behind the gateway finds the engine's GPUs by this process's tree: the
+        # port it probes is the gateway's own.
+        pid = listening_pid(port, where) if port is not None else None
     elif engine_unit:
         argv, source = launch_command(None, host, engine_unit=engine_unit)
     else:
@@ -226,6 +229,7 @@ def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any
         "model": info.models[0] if info.models else None,
         "launch_command": shlex.join(redact_command(argv)) if argv else None,
         "launch_command_source": source,
+        "engine_pid": pid,
     }
 
 
