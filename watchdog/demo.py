@@ -286,7 +286,9 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     Steps: heat_warning, throttled (the first probe with a thermal bit), chat_slowed (with its
     cause), cut (the first allowance cut after the warning or the slowdown), fans_back (the
     scenario's ambient returns), resolved (the slowdown's event ends), regrown (the first
-    raise of the allowance after the resolve).
+    raise of the allowance after the fans return). The last two are judged apart: the event
+    ends when chat is back at its baseline, the allowance grows when chat's p95 is well under
+    its target and the clocks have settled, so either may come first.
     """
     t0 = result.started_at
     steps: list[tuple[float, str, str]] = []
@@ -325,17 +327,18 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
                 steps.append((t, "cut", f"batch allowance {prev} → {a}"))
                 break
             prev = a
+    back = None
     for label, start, _ in result.phases[2:3]:
         steps.append((start, "fans_back", label))
-    done = None
+        back = start
     if slow is not None:
         done = next((a for a in result.alerts if a.key == slow.key and a.state == "resolved"), None)
         if done is not None:
             steps.append((at(done.ts), "resolved", done.message))
-    if done is not None:
+    if back is not None:
         prev = None
         for t, a in result.allowances:
-            if prev is not None and a > prev and t >= at(done.ts):
+            if prev is not None and a > prev and t >= back:
                 steps.append((t, "regrown", f"batch allowance {prev} → {a}"))
                 break
             prev = a

@@ -427,3 +427,29 @@ def test_observation_from_a_probe_result_and_a_gpu_sample() -> None:
         ProbeResult(**{**probe.to_dict(), "ok": False, "error_class": "first_token_timeout"})
     )
     assert failed.ttft_ms is None and not failed.usable_ttft and failed.gpu_temp_c is None
+
+
+def test_a_slowdown_of_the_body_not_the_tail_is_told_by_its_median() -> None:
+    # Capped probes set the tail; heat then slows every other probe 1.8x: the p95 hardly
+    # moves, and the message says what did.
+    n, at = 300 + 600, 450
+    rng = np.random.default_rng(23)
+    capped = rng.random(n) < 0.3
+    hot = np.arange(n) >= at
+    mult = np.where(capped, 5.0, np.where(hot, 1.8, 1.0))
+    bits = np.where(capped, SW_POWER_CAP, 0) | np.where(hot, SW_THERMAL, 0)
+    obs = trace(n, seed=23, mult=mult, bits=bits, clock=np.where(hot, 1100.0, 1950.0))
+    events = run(obs)
+    opened = of_kind(events, "latency", "opened")
+    assert opened and opened[0].cause == "thermal"
+    message = opened[0].message
+    assert "median TTFT" in message, message
+    assert message.index("median TTFT") < message.index("p95")
+
+
+def test_a_risen_tail_is_told_by_its_p95() -> None:
+    n, at = 900, 450
+    events = run(trace(n, seed=24, mult=step(n, at, n, 1.6)))
+    opened = of_kind(events, "latency", "opened")
+    assert opened and "p95 TTFT" in opened[0].message
+    assert "median" not in opened[0].message

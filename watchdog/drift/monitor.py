@@ -314,6 +314,9 @@ class DriftMonitor:
     def _p95(self) -> float | None:
         return stats.quantile(self._recent, 0.95) if self._recent else None
 
+    def _p50(self) -> float | None:
+        return stats.quantile(self._recent, 0.5) if self._recent else None
+
     def _evidence(self, obs: Observation) -> dict[str, Any]:
         # The observations since the CUSUM last stood at zero (its change-point estimate),
         # at least MIN_EVIDENCE_PROBES, at most the cause window.
@@ -351,7 +354,10 @@ class DriftMonitor:
         ev["p95_ms"] = p95
         ev["assisted"] = self._clocks_down()
         rec = self._book.new("latency", obs.ts, cause, b.ttft_p95_ms, p95, ev)
-        rec.message = messages.latency_message(cause, p95, b.ttft_p95_ms, ev)
+        ev["p50_ms"] = self._p50()
+        rec.message = messages.latency_message(
+            cause, p95, b.ttft_p95_ms, ev, ev["p50_ms"], b.ttft_p50_ms
+        )
         rec.reported_peak = p95
         return snapshot(rec, "opened", obs.ts)
 
@@ -368,6 +374,7 @@ class DriftMonitor:
         else:
             rec.candidate, rec.candidate_n = None, 0
         p95 = self._p95()
+        b50 = self._baseline.ttft_p50_ms if self._baseline is not None else None
         grew = p95 is not None and (rec.peak_p95_ms is None or p95 > rec.peak_p95_ms)
         if grew:
             rec.peak_p95_ms = p95
@@ -377,9 +384,10 @@ class DriftMonitor:
             ev["cause_at_open"] = rec.evidence.get("cause_at_open")
             ev["onset_ts"] = rec.evidence.get("onset_ts")
             ev["p95_ms"] = p95
+            ev["p50_ms"] = self._p50()
             rec.evidence = ev
             rec.message = messages.latency_message(
-                rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev
+                rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev, ev["p50_ms"], b50
             )
         big = (
             rec.peak_p95_ms is not None
