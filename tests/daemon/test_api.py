@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics, heat_eta_s
 from llm_watchdog.models import GpuSample
+from tests.helpers.metrics import families, sample
 
 
 def status_of(**over: Any) -> dict[str, Any]:
@@ -66,17 +66,6 @@ def api() -> Any:
         yield server
     finally:
         server.stop()
-
-
-def families(text: str) -> dict[str, Any]:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def sample(fams: dict[str, Any], family: str, name: str, **labels: str) -> float:
-    for s in fams[family].samples:
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-            return float(s.value)
-    raise AssertionError(f"no {name} {labels} in {fams[family].samples}")
 
 
 def test_metrics_carry_dcgm_and_vllm_labels(api: ApiServer) -> None:

@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
+from tests.helpers.metrics import families, sample
 
 TOKEN = "s3cret-control-token"
 WORDS = ["The", " sky", " is", " blue", "."]
@@ -292,6 +293,9 @@ def shared_gw(shared_engine: FakeEngine) -> Iterator[GatewayServer]:
     )
     with GatewayServer(config) as server:
         yield server
+
+
+CHAT_CLASS = {"class": "chat"}
 
 
 def chat_body(stream: bool = True, max_tokens: int = 5) -> dict[str, Any]:
@@ -1014,12 +1018,21 @@ def test_chat_ttft_is_observed_on_metrics_and_in_the_ring(
     summary = control(http, gw)["classes"]["chat"]["observed"]
     assert summary["ttft_count"] == 3
     assert summary["ttft_p50_ms"] == sorted(i["ttft_ms"] for i in chat)[1]
-    metrics = http.get(gw.url + "/metrics").text
-    assert 'llm_watchdog_gateway_ttft_seconds_count{class="chat"} 3' in metrics
-    assert 'llm_watchdog_gateway_ttft_seconds_bucket{class="chat",le="+Inf"} 3' in metrics
-    assert 'llm_watchdog_gateway_requests_total{class="chat",outcome="ok"} 4' in metrics
-    assert 'llm_watchdog_gateway_allowance{class="batch"} 2' in metrics
-    assert "# TYPE llm_watchdog_gateway_queue_wait_seconds histogram" in metrics
+    # The TTFT histogram names the model the requests asked for and the engine the gateway
+    # last read in the upstream's identity. A scrape that finds the engine unnamed starts
+    # that read itself.
+    fams = families(http.get(gw.url + "/metrics").text)
+    wait_for(lambda: engine.count(path="/v1/models") >= 1, what="identity read on a scrape")
+    engine_name = http.get(gw.url + "/control/identity").json()["engine"]
+    fams = families(http.get(gw.url + "/metrics").text)
+    ttft, labels = "llm_watchdog_gateway_ttft_seconds", {"model_name": "fake-model"}
+    assert sample(fams, ttft, f"{ttft}_count", engine=engine_name, **labels, **CHAT_CLASS) == 3
+    assert sample(fams, ttft, f"{ttft}_bucket", le="+Inf", **labels, **CHAT_CLASS) == 3
+    requests = "llm_watchdog_gateway_requests"
+    assert sample(fams, requests, f"{requests}_total", outcome="ok", **CHAT_CLASS) == 4
+    allowance = "llm_watchdog_gateway_allowance"
+    assert sample(fams, allowance, allowance, **{"class": "batch"}) == 2
+    assert fams["llm_watchdog_gateway_queue_wait_seconds"].type == "histogram"
 
     # a chat request waiting for its first token already holds an engine slot: in flight
     held = Background(http, gw.url + CHAT_URL, {"X-Test-Hold-Prefill": "c"}, chat_body())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -259,6 +260,34 @@ def create_app(config: GatewayConfig) -> Starlette:
     return app
 
 
+class _IdentityOnScrape:
+    """Starts a read of the upstream's identity when a scrape finds the engine unnamed; the
+    scrape itself never waits for it (its answer names the engine from the next one on)."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._last_try = -math.inf
+
+    def kick(self, app: Any) -> None:
+        gw: Gateway = app.state.gateway
+        now = time.monotonic()
+        if gw.observer.engine != "unknown" or self._task is not None:
+            return
+        if now - self._last_try < control.IDENTITY_TTL_S:
+            return
+        self._last_try = now
+
+        async def read() -> None:
+            try:
+                await control.read_identity(app.state, gw)
+            except Exception as exc:  # an engine that will not say is "unknown", not a crash
+                log.debug("upstream identity for the metrics labels: %s", exc)
+            finally:
+                self._task = None
+
+        self._task = asyncio.get_running_loop().create_task(read())
+
+
 class MetricsEndpoint:
     """prometheus-client's ASGI app over the gateway's registry, as a Starlette endpoint.
 
@@ -268,8 +297,12 @@ class MetricsEndpoint:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.app = make_asgi_app(registry)
+        self.identity = _IdentityOnScrape()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = scope.get("app")
+        if app is not None:
+            self.identity.kick(app)
         await self.app(scope, receive, send)
 
 

@@ -233,14 +233,19 @@ def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any
     }
 
 
-async def get_identity(request: Request) -> Response:
-    gw = _gw(request)
-    state = request.app.state
-    cached = getattr(state, "identity_cache", None)
+async def read_identity(app_state: Any, gw: Gateway) -> dict[str, Any]:
+    """The upstream's identity, re-read when older than IDENTITY_TTL_S; it also names the
+    engine in the TTFT histogram's `engine` label."""
+    cached = getattr(app_state, "identity_cache", None)
     now = time.monotonic()
     if cached is None or now - cached[0] > IDENTITY_TTL_S:
-        unit = getattr(state, "engine_unit", "") or ""
+        unit = getattr(app_state, "engine_unit", "") or ""
         ident = await asyncio.to_thread(upstream_identity, gw.config.upstream_url, unit)
         cached = (now, ident)
-        state.identity_cache = cached
-    return JSONResponse(cached[1])
+        app_state.identity_cache = cached
+        gw.observer.engine = str(ident.get("engine") or "unknown")
+    return dict(cached[1])
+
+
+async def get_identity(request: Request) -> Response:
+    return JSONResponse(await read_identity(request.app.state, _gw(request)))

@@ -12,8 +12,10 @@ first byte arrives with the last, which is not a time to first token.
 
 from __future__ import annotations
 
+import json
 import math
 import platform
+import re
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +39,31 @@ from llm_watchdog import __version__
 # max_queue_wait_s.
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+# The `model_name` label (vLLM's name for the served model) is the request body's "model": at
+# most this many names a class, the rest counted as "other", so clients that send made-up
+# names cannot grow the gateway's memory or a Prometheus server's series without end.
+MODEL_NAMES_MAX = 16
+MODEL_NAME_MAX_CHARS = 128
+# A JSON key "model" with a string value. Quotes inside a JSON string are escaped, so the
+# text of a message can never match; the first match is the request's own key.
+_MODEL_KEY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,512})"')
+
+
+def model_of(body: bytes) -> str:
+    """The "model" a request body names, or "unknown"; read with one regular-expression scan,
+    not a JSON parse of a body that may hold a whole document."""
+    m = _MODEL_KEY.search(body)
+    if m is None:
+        return "unknown"
+    name = m.group(1).decode("utf-8", "replace")
+    if "\\" in name:
+        try:
+            name = json.loads(f'"{name}"')
+        except ValueError:
+            return "unknown"
+    return name[:MODEL_NAME_MAX_CHARS] or "unknown"
+
 
 # Ways a request can end, the `outcome` label of llm_watchdog_gateway_requests_total.
 OUTCOMES = (
@@ -100,14 +127,19 @@ class ClassStats:
         # arrivals; reading models or health is not load.
         self.work_requests = 0
         self.chunks = 0
-        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.ttft: dict[str, Histogram] = {}  # model_name -> histogram
         self.queue_wait = Histogram(QUEUE_WAIT_BUCKETS_S)
         # (unix seconds, milliseconds), newest last; bounded so a busy day costs nothing.
         self.recent_ttft: deque[tuple[float, float]] = deque(maxlen=ring_size)
         self.recent_queue_wait: deque[tuple[float, float]] = deque(maxlen=ring_size)
 
-    def record_ttft(self, wall: float, ttft_s: float) -> None:
-        self.ttft.observe(ttft_s)
+    def record_ttft(self, wall: float, ttft_s: float, model: str = "unknown") -> None:
+        hist = self.ttft.get(model)
+        if hist is None:
+            if len(self.ttft) >= MODEL_NAMES_MAX:
+                model = "other"
+            hist = self.ttft.setdefault(model, Histogram(TTFT_BUCKETS_S))
+        hist.observe(ttft_s)
         self.recent_ttft.append((wall, ttft_s * 1000.0))
 
     def record_queue_wait(self, wall: float, wait_s: float) -> None:
@@ -146,6 +178,9 @@ def _round(value: float | None) -> float | None:
 class Observer:
     def __init__(self, classes: Iterable[str], ring_size: int) -> None:
         self.classes = {name: ClassStats(ring_size) for name in classes}
+        # The upstream engine's name ("vllm", "llamacpp", ...), from the last identity read
+        # (GET /control/identity): the `engine` label of the TTFT histogram.
+        self.engine = "unknown"
 
     def __getitem__(self, cls: str) -> ClassStats:
         return self.classes[cls]
@@ -164,7 +199,7 @@ class Observer:
         ttft = HistogramMetricFamily(
             f"{p}_ttft_seconds",
             "Request sent upstream to first body chunk back, streamed answers only.",
-            labels=["class"],
+            labels=["class", "model_name", "engine"],
         )
         wait = HistogramMetricFamily(
             f"{p}_queue_wait_seconds",
@@ -175,7 +210,9 @@ class Observer:
             for outcome, n in st.outcomes.items():
                 requests.add_metric([cls, outcome], n)
             chunks.add_metric([cls], st.chunks)
-            ttft.add_metric([cls], st.ttft.cumulative(), st.ttft.total)
+            # A class with no streamed answer yet still shows its (empty) histogram.
+            for model, hist in (st.ttft or {"unknown": Histogram(TTFT_BUCKETS_S)}).items():
+                ttft.add_metric([cls, model, self.engine], hist.cumulative(), hist.total)
             wait.add_metric([cls], st.queue_wait.cumulative(), st.queue_wait.total)
         yield from (requests, chunks, ttft, wait)
         for name, (kind, text) in GAUGE_HELP.items():

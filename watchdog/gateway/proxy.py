@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from llm_watchdog.gateway.config import CLASSES, GatewayConfig
+from llm_watchdog.gateway.observe import model_of
 from llm_watchdog.gateway.protocol import CLIENT_GONE, ClientGone
 from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
@@ -325,7 +326,7 @@ class Proxy:
             try:
                 chunk = await next_chunk()
                 if chunk is not None and streamed:
-                    stats.record_ttft(gw.wall(), gw.clock() - sent)
+                    stats.record_ttft(gw.wall(), gw.clock() - sent, model_of(body))
                 while chunk is not None:
                     chunks += 1
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
