@@ -209,6 +209,15 @@ def nuisance_trace(rng: np.random.Generator, sigma: float, rho: float, kind: str
             dip = rng.uniform(0.03, 0.06)
             g["clock"][sl] = np.round(CLOCK_MHZ * (1 - dip) / 15) * 15
             log_ttft[sl] += math.log(rng.uniform(1.03, 1.05))
+    elif kind == "capped_prefills":
+        # The batch job's usual load from the first probe on: a third of the canaries land on
+        # a prefill step with the card at its power cap and wait 3-6x longer. It is in the
+        # baseline, and it is no slowdown.
+        hit = rng.random(n) < 0.3
+        hit[0] = False
+        g["bits"][hit] = SW_POWER_CAP
+        g["power"][hit] = LIMIT_W * 0.99
+        log_ttft[hit] += np.log(rng.uniform(3, 6, int(hit.sum())))
     return Trace(f"{kind}-s{sigma}", to_obs(log_ttft, g, ok, cold), tags={"kind": kind})
 
 
@@ -460,7 +469,7 @@ def main() -> None:
 
     # Nuisances.
     print("\nnuisances, 6.7 h each after the baseline (latency events must be 0):")
-    kinds_all = ("cold_starts", "failure_bursts", "gpu_idle", "small_throttles")
+    kinds_all = ("cold_starts", "failure_bursts", "gpu_idle", "small_throttles", "capped_prefills")
     for kind in (*kinds_all, "throttle_not_slowing"):
         lat_n = 0
         kinds: dict[str, int] = {}
