@@ -97,16 +97,8 @@ def listening_process_cmdline(
 
 def listening_pid(port: int, host: str = "127.0.0.1", proc: str | Path = "/proc") -> int | None:
     """PID of the local process listening on `host`:`port` (the lowest, as above), or None."""
-    targets = _addresses(host)
-    if not targets:
-        return None
     proc = Path(proc)
-    inodes = set()
-    for name, width in (("tcp", 8), ("tcp6", 32)):
-        for addr, lport, inode in _listeners(proc / "net" / name, width):
-            if lport == port and _matches(addr, targets):
-                inodes.add(inode)
-    inodes.discard(0)
+    inodes = _listener_inodes(port, host, proc)
     return _owner(proc, inodes) if inodes else None
 
 
@@ -134,16 +126,22 @@ def process_tree(pid: int, proc: str | Path = "/proc") -> set[int]:
     return tree
 
 
-def _listening(port: int, host: str, proc: Path) -> tuple[list[str] | None, str]:
+def _listener_inodes(port: int, host: str, proc: Path) -> set[int]:
+    """Socket inodes of the LISTEN sockets on `host`:`port` (see `listening_pid`)."""
     targets = _addresses(host)
     if not targets:
-        return None, NO_LISTENER
+        return set()
     inodes = set()
     for name, width in (("tcp", 8), ("tcp6", 32)):
         for addr, lport, inode in _listeners(proc / "net" / name, width):
             if lport == port and _matches(addr, targets):
                 inodes.add(inode)
     inodes.discard(0)
+    return inodes
+
+
+def _listening(port: int, host: str, proc: Path) -> tuple[list[str] | None, str]:
+    inodes = _listener_inodes(port, host, proc)
     if not inodes:
         return None, NO_LISTENER
     pid = _owner(proc, inodes)
