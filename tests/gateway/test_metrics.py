@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
-from llm_watchdog.gateway.observe import Observer
+from llm_watchdog.gateway.observe import MODEL_NAMES_MAX, Observer, model_of
 from tests.helpers.metrics import families, sample
 
 TOKEN = "metrics-token"
@@ -83,8 +83,6 @@ def test_no_lease_is_nan_not_a_number_in_disguise() -> None:
 
 
 def test_model_name_is_the_request_bodys_and_its_values_are_bounded() -> None:
-    from llm_watchdog.gateway.observe import MODEL_NAMES_MAX, model_of
-
     long_doc = json.dumps({"messages": [{"role": "user", "content": "x" * 200_000}]})[:-1]
     body = (long_doc + ', "model": "Qwen/Qwen2.5-7B"}').encode()
     assert model_of(body) == "Qwen/Qwen2.5-7B"  # after a long document, not only up front
