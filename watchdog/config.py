@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
@@ -292,7 +293,6 @@ _LAW_FIELDS = (
 _SECRET_WORDS = ("key", "token", "secret", "password", "url", "authorization")
 # Keys that name where a secret is, not the secret itself.
 _POINTER_SUFFIXES = ("_file", "_env", "_credential")
-CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
 
 
 def _secret_key(key: str) -> bool:
@@ -386,29 +386,12 @@ def read_secret(
 
 def read_credential(name: str, source: str, what: str) -> str:
     """A systemd credential (LoadCredential=NAME:FILE) from $CREDENTIALS_DIRECTORY/NAME."""
-    key = f"{what}_credential"
-    if "/" in name or name in (".", ".."):
-        raise ConfigError(f"{source}: {key}: {name!r} is a credential name, not a path")
-    directory = os.environ.get(CREDENTIALS_ENV)
-    if not directory:
-        raise ConfigError(
-            f"{source}: {key} = {name!r} but ${CREDENTIALS_ENV} is not set: run under "
-            f"systemd with LoadCredential={name}:/etc/llm-watchdog/credentials/{name}, or use "
-            f"{what.split('.')[-1]}_file"
-        )
-    path = Path(directory) / name
     try:
-        value = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"{source}: {key}: cannot read credential {path} ({exc.strerror}); add "
-            f"LoadCredential={name}:FILE to the unit"
-        ) from exc
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: {key}: credential {path} is not UTF-8 text") from None
-    if not value:
-        raise ConfigError(f"{source}: {key}: credential {path} is empty; write the secret")
-    return value
+        return credentials.read_credential(
+            name, f"{source}: {what}_credential", f"{what.split('.')[-1]}_file"
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 # File keys drop the unit suffix of duration fields: `interval = "10s"` fills `interval_s`.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from llm_watchdog.credentials import read_credential
 from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE
@@ -80,37 +80,15 @@ def read_key_classes(path: str) -> dict[str, str]:
     return out
 
 
-def read_credential(name: str, environ: dict[str, str] | None = None) -> str:
-    """A systemd credential (LoadCredential=NAME:FILE), from $CREDENTIALS_DIRECTORY/NAME."""
-    env = os.environ if environ is None else environ
-    if "/" in name or name in (".", ".."):
-        raise ValueError(f"--token-credential takes a credential name, not a path: {name!r}")
-    directory = env.get("CREDENTIALS_DIRECTORY")
-    if not directory:
-        raise ValueError(
-            f"--token-credential {name}: $CREDENTIALS_DIRECTORY is not set: run under systemd "
-            f"with LoadCredential={name}:/etc/llm-watchdog/credentials/{name}, or use --token-file"
-        )
-    path = Path(directory) / name
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(
-            f"cannot read credential {path} ({exc.strerror}): add LoadCredential={name}:FILE "
-            "to the unit"
-        ) from exc
-    except UnicodeDecodeError:
-        raise ValueError(f"credential {path} is not UTF-8 text") from None
-    if not token:
-        raise ValueError(f"credential {path} is empty: write the token into its file")
-    return token
-
-
 def read_secrets(
     token_credential: str | None, token_file: str | None, key_classes_file: str | None
 ) -> tuple[str | None, dict[str, str]]:
     """The control token and the key-class map; ValueError with one line if unreadable."""
-    token = read_credential(token_credential) if token_credential else read_token(token_file)
+    token = (
+        read_credential(token_credential, "--token-credential", "--token-file")
+        if token_credential
+        else read_token(token_file)
+    )
     key_classes = read_key_classes(key_classes_file) if key_classes_file else {}
     return token, key_classes
 
