@@ -4,6 +4,8 @@ the gateway fingerprints that engine, not the gateway."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,27 +35,32 @@ def _own_argv() -> list[str]:
         return [a.decode() for a in f.read().split(b"\0") if a]
 
 
+def status_after_start(store: Store, db_path: Path, server: dict[str, Any]) -> dict[str, Any]:
+    """Start a daemon (no GPU, no API) with these `server` settings; its status, stopped."""
+    settings = settings_from_dict(
+        {
+            "server": server,
+            "gpu": {"enabled": False},
+            "storage": {"path": str(db_path)},
+            "api": {"listen": ""},
+        },
+        "test.toml",
+    )
+    daemon = Daemon(settings, store)
+    daemon.startup()
+    try:
+        return daemon.status()
+    finally:
+        daemon.shutdown(timeout_s=2)
+
+
 def test_the_daemon_follows_the_gateway_to_the_engine(db_path):
     with (
         StreamServer(engine="vllm", version="0.6.3", model="qwen") as engine,
         GatewayServer(GatewayConfig(upstream_url=engine.url, listen_port=0)) as gw,
         Store(db_path) as store,
     ):
-        settings = settings_from_dict(
-            {
-                "server": {"url": gw.url},
-                "gpu": {"enabled": False},
-                "storage": {"path": str(db_path)},
-                "api": {"listen": ""},
-            },
-            "test.toml",
-        )
-        daemon = Daemon(settings, store)
-        daemon.startup()
-        try:
-            status = daemon.status()
-        finally:
-            daemon.shutdown(timeout_s=2)
+        status = status_after_start(store, db_path, {"url": gw.url})
         fp = store.latest_fingerprint()
     assert fp["engine"] == "vllm" and fp["model"] == "qwen"
     assert fp["extra"]["launch_command_source"] == "gateway: process"
@@ -63,24 +70,8 @@ def test_the_daemon_follows_the_gateway_to_the_engine(db_path):
 
 def test_a_configured_command_is_redacted_in_the_store_and_on_status(db_path):
     with StreamServer(engine="llamacpp") as engine, Store(db_path) as store:
-        settings = settings_from_dict(
-            {
-                "server": {
-                    "url": engine.url,
-                    "launch_command": "llama-server -m m.gguf --api-key sk-SECRET",
-                },
-                "gpu": {"enabled": False},
-                "storage": {"path": str(db_path)},
-                "api": {"listen": ""},
-            },
-            "test.toml",
-        )
-        daemon = Daemon(settings, store)
-        daemon.startup()
-        try:
-            status = daemon.status()
-        finally:
-            daemon.shutdown(timeout_s=2)
+        server = {"url": engine.url, "launch_command": "llama-server -m m.gguf --api-key sk-SECRET"}
+        status = status_after_start(store, db_path, server)
         fp = store.latest_fingerprint()
     assert fp["launch_command"] == "llama-server -m m.gguf --api-key '***'"
     assert fp["extra"]["launch_command_source"] == "config"
