@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -326,11 +327,15 @@ def gateway_process(
             raise RuntimeError("the gateway did not start")
         found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         port = int(found.group(1)) if found else 0
+    # Keep reading its log: a full pipe would block the gateway at its next log line.
+    drain = threading.Thread(target=proc.stderr.read, daemon=True)
+    drain.start()
     try:
         yield port, psutil.Process(proc.pid)
     finally:
         proc.terminate()
         proc.wait(15)
+        drain.join(5)
         proc.stderr.close()
         if tmp is not None:
             tmp.cleanup()

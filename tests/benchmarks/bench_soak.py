@@ -1,15 +1,29 @@
-"""Soak: the daemon as `llm-watchdog run` wires it, probing every second with the control loop
-on through the gateway, for real minutes; RSS, open descriptors and threads sampled each
-10 s. Growth is judged after the warm-up (targets: RSS <= 5 MB, descriptors and threads
-none). With --trace, tracemalloc compares the heap at the end of the warm-up with the end
-and prints the lines that grew most: where a leak lives.
+"""Soak: the daemon as `llm-watchdog run` wires it, through a real gateway to a real
+streaming server, with RSS, open descriptors and threads sampled. Growth is judged after the
+warm-up (targets: RSS <= 5 MB, descriptors and threads none).
+
+Real minutes (default): APScheduler runs the jobs, probing every second with the control
+loop on; samples every 10 s. With --trace, tracemalloc compares the heap at the end of the
+warm-up with the end and prints the lines that grew most: where a leak lives.
+
+Simulated days (--days N): the same job table (`Daemon.jobs()`, each job guarded as the
+scheduler runs it) stepped in due order on a virtual clock, so a week of the daemon's work
+takes minutes: probes every 10 s, GPU samples every 1 s, control every 10 s, rollups and
+pruning (raw rows kept --retention). The heat lab's card lives through each day: the air
+follows a day/night cycle, a batch job loads the card from 08:00 to 20:00, and at 13:00 the
+room heats by 22 °C for 40 minutes, so the clocks fall and the engine (whose first-token
+delay follows the card's clock) slows: every day has a heat warning, a drift event, control
+cuts and a recovery. Samples every simulated hour; day 1 is the warm-up.
 
     .venv/bin/python tests/benchmarks/bench_soak.py [--minutes 10] [--warmup 60] [--trace]
+    .venv/bin/python tests/benchmarks/bench_soak.py --days 7 [--retention 2d]
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
+import math
 import os
 import subprocess
 import sys
@@ -17,8 +31,10 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +46,13 @@ from bench_gateway import gateway_process  # noqa: E402
 from llm_watchdog.alerts import AlertManager, LogSink  # noqa: E402
 from llm_watchdog.config import settings_from_dict  # noqa: E402
 from llm_watchdog.daemon.service import Daemon  # noqa: E402
+from llm_watchdog.durations import parse_duration  # noqa: E402
+from llm_watchdog.sim.fakenvml import FakeNvml, StandaloneDevice  # noqa: E402
+from llm_watchdog.sim.scenario import GpuParams  # noqa: E402
 from llm_watchdog.store.db import Store  # noqa: E402
-from tests.helpers.fakenvml import scenario_basic  # noqa: E402
+
+DAY_S = 86400.0
+BASE_DELAY_S = 0.008  # the engine's first-token delay on a cool, idle card
 
 
 def rss_mb() -> float:
@@ -41,44 +62,90 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def db_size_mb(settings: Any) -> float:
+    return Path(settings.storage.path).stat().st_size / 2**20
+
+
 def fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--warmup", type=float, default=60.0)
-    ap.add_argument("--trace", action="store_true", help="tracemalloc: what grew")
-    args = ap.parse_args()
-    if args.trace:
-        tracemalloc.start(8)
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "streamserver.py"),
-         "--first-token-delay-s", "0.02", "--answer", "Paris"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+class Engine:
+    """tests/helpers/streamserver.py in its own process; its first-token delay is set over
+    its stdin."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "helpers" / "streamserver.py"),
+             "--first-token-delay-s", str(delay_s), "--answer", "Paris"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        self.delay_s = delay_s
+
+    def set_delay(self, delay_s: float) -> None:
+        if abs(delay_s - self.delay_s) <= 0.02 * self.delay_s:
+            return
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"first_token_delay_s={delay_s}\n")
+        self.proc.stdin.flush()
+        self.proc.stdout.readline()  # "ok"
+        self.delay_s = delay_s
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait(timeout=10)
+
+
+@contextmanager
+def rig(tmp: str, engine: Engine, **overrides: dict[str, Any]) -> Iterator[tuple[dict, str]]:
+    """A gateway process before the engine; the daemon's settings (dict) and the gateway URL."""
+    with ExitStack() as stack:
         token = Path(tmp) / "token"
         token.write_text("soak-token\n")
         token.chmod(0o600)
         port, _ = stack.enter_context(
-            gateway_process(urlsplit(url).port or 80, "--token-file", str(token))
+            gateway_process(urlsplit(engine.url).port or 80, "--token-file", str(token))
         )
         gw_url = f"http://127.0.0.1:{port}"
-        settings = settings_from_dict(
-            {
-                "server": {"url": gw_url},
-                "probe": {"interval": "1s", "jitter": "0s"},
-                "gpu": {"interval": "1s"},
-                "storage": {"path": f"{tmp}/wd.db", "rollup_interval": "30s"},
-                "control": {"enabled": True, "gateway_url": gw_url, "token_file": str(token),
-                            "target_p95": "1s"},
-            },
-            "soak",
-        )  # fmt: skip
+        raw: dict[str, Any] = {
+            "server": {"url": gw_url},
+            "storage": {"path": f"{tmp}/wd.db"},
+            "control": {"enabled": True, "gateway_url": gw_url, "token_file": str(token),
+                        "target_p95": "1s"},
+        }  # fmt: skip
+        for section, values in overrides.items():
+            raw.setdefault(section, {}).update(values)
+        yield raw, gw_url
+
+
+def report(samples: list[tuple[float, float, int, int]], base: tuple, unit: str, per: float):
+    last = samples[-1]
+    span = (last[0] - base[0]) / per
+    print(
+        f"after warm-up     RSS {base[1]:.1f} -> {last[1]:.1f} MB ({last[1] - base[1]:+.1f} MB, "
+        f"{(last[1] - base[1]) / max(span, 1e-9):+.2f} MB/{unit} over {span:.1f} {unit}); "
+        f"peak {max(s[1] for s in samples):.1f} MB"
+    )
+    print(f"                  fds {base[2]} -> {last[2]}, threads {base[3]} -> {last[3]}")
+
+
+# ---- real minutes ----------------------------------------------------------------------------
+
+
+def soak_minutes(args: argparse.Namespace) -> None:
+    from tests.helpers.fakenvml import scenario_basic
+
+    if args.trace:
+        tracemalloc.start(8)
+    engine = Engine(0.02)
+    with tempfile.TemporaryDirectory() as tmp, rig(
+        tmp, engine,
+        probe={"interval": "1s", "jitter": "0s"},
+        storage={"rollup_interval": "30s"},
+    ) as (raw, _):  # fmt: skip
+        settings = settings_from_dict(raw, "soak")
         store = Store(settings.storage.path, exclusive=True)
         alerts = AlertManager([LogSink()], store)
         daemon = Daemon(settings, store, nvml=scenario_basic(), alerts=alerts)
@@ -107,23 +174,175 @@ def main() -> None:
             daemon.shutdown(timeout_s=5)
             alerts.close()
             store.close()
-            server.stdin.close()  # type: ignore[union-attr]
-            server.wait(timeout=10)
+            engine.close()
     assert base is not None
-    last = samples[-1]
-    minutes = (last[0] - base[0]) / 60
     print(f"probes            {probes}")
-    print(
-        f"after warm-up     RSS {base[1]:.1f} -> {last[1]:.1f} MB ({last[1] - base[1]:+.1f} MB, "
-        f"{(last[1] - base[1]) / max(minutes, 1e-9):+.2f} MB/min over {minutes:.1f} min)"
-    )
-    print(f"                  fds {base[2]} -> {last[2]}, threads {base[3]} -> {last[3]}")
+    report(samples, base, "min", 60.0)
     if args.trace and snap0 is not None and snap1 is not None:
         print("grew most (tracemalloc, since the end of the warm-up):")
         for stat in snap1.compare_to(snap0, "traceback")[:8]:
             print(f"  {stat.size_diff / 1024:+8.1f} KiB  {stat.count_diff:+6d} blocks")
             for line in stat.traceback.format()[-6:]:
                 print("     ", line)
+
+
+# ---- simulated days --------------------------------------------------------------------------
+
+
+class VirtualClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Week:
+    """The card's world at a time of day: the air, the batch job, the daily hot room."""
+
+    HEAT_START_H, HEAT_HOURS, HEAT_C = 13.0, 40 / 60, 22.0
+
+    def __init__(self, device: StandaloneDevice, start: float) -> None:
+        self.device = device
+        self.start = start
+
+    def hour(self, now: float) -> float:
+        return ((now - self.start) % DAY_S) / 3600
+
+    def hot(self, now: float) -> bool:
+        h = self.hour(now)
+        return self.HEAT_START_H <= h < self.HEAT_START_H + self.HEAT_HOURS
+
+    def load(self, now: float) -> float:
+        return 0.85 if 8 <= self.hour(now) < 20 else 0.25
+
+    def apply(self, now: float) -> None:
+        h = self.hour(now)
+        air = (
+            22.0
+            + 4.0 * math.sin(2 * math.pi * (h - 9) / 24)
+            + (self.HEAT_C if self.hot(now) else 0)
+        )
+        self.device.set_load(self.load(now), now - self.start)
+        self.device.gpu.ambient_c = air
+
+    def engine_delay_s(self, now: float) -> float:
+        snap = self.device.read(now - self.start)
+        clock = max(snap.sm_clock_active_mhz, 1.0)
+        return (
+            BASE_DELAY_S
+            * (self.device.params.sm_clock_max_mhz / clock)
+            * (1 + 0.6 * self.load(now))
+        )
+
+
+def soak_days(args: argparse.Namespace) -> None:
+    start = float(int(time.time() // DAY_S) * DAY_S)  # midnight UTC today: hours read plainly
+    clock = VirtualClock(start)
+    engine = Engine(BASE_DELAY_S)
+    cards = [
+        StandaloneDevice(GpuParams(uuid=f"GPU-50a50a50-0000-4000-8000-00000000000{i}"))
+        for i in range(2)
+    ]
+    nvml = FakeNvml(cards, clock=lambda: clock.now - start)
+    nvml.set_compute_pids(0, [engine.proc.pid])  # the engine runs on card 0
+    cards[1].set_load(0.5, 0.0)  # another job keeps card 1 busy
+    week = Week(cards[0], start)
+    retention = args.retention
+    with tempfile.TemporaryDirectory() as tmp, rig(
+        tmp, engine,
+        probe={"jitter": "0s"},
+        control={"interval": "10s"},
+        storage={"raw_retention": retention},
+    ) as (raw, _):  # fmt: skip
+        settings = settings_from_dict(raw, "soak")
+        store = Store(settings.storage.path, exclusive=True, clock=clock)
+        alerts = AlertManager([LogSink()], store, clock=clock)
+        daemon = Daemon(settings, store, nvml=nvml, alerts=alerts, clock=clock, monotonic=clock)
+        daemon.startup()
+        jobs = daemon.jobs()
+        due = [
+            (start + (j.first_after_s if j.first_after_s is not None else j.interval_s), i)
+            for i, j in enumerate(jobs)
+        ]
+        heapq.heapify(due)
+        end = start + args.days * DAY_S
+        samples: list[tuple[float, float, int, int]] = []
+        next_sample = start
+        t_real = time.monotonic()
+        cpu0 = time.process_time()
+        runs = dict.fromkeys((j.id for j in jobs), 0)
+        try:
+            while due[0][0] < end:
+                at, i = heapq.heappop(due)
+                clock.now = at
+                week.apply(at)
+                job = jobs[i]
+                if job.id == "probe":
+                    engine.set_delay(week.engine_delay_s(at))
+                job.run()
+                runs[job.id] += 1
+                heapq.heappush(due, (at + job.interval_s, i))
+                if at >= next_sample:
+                    next_sample += 3600
+                    samples.append((at - start, rss_mb(), fds(), threading.active_count()))
+                    if len(samples) % 24 == 1:
+                        day = (at - start) / DAY_S
+                        print(
+                            f"day {day:4.1f}  RSS {samples[-1][1]:6.1f} MB  fds {samples[-1][2]:3d}"
+                            f"  threads {samples[-1][3]:2d}  db {db_size_mb(settings):6.1f} MB"
+                            f"  ({time.monotonic() - t_real:5.0f} s real)",
+                            flush=True,
+                        )
+            samples.append((clock.now - start, rss_mb(), fds(), threading.active_count()))
+            alerts.flush(timeout_s=5.0)
+            counts = {
+                "probes (kept raw)": store.rows("SELECT count(*) AS n FROM probes")[0]["n"],
+                "drift events": store.rows("SELECT count(*) AS n FROM drift_events")[0]["n"],
+                "control actions": store.rows("SELECT count(*) AS n FROM control_actions")[0]["n"],
+                "alerts": store.rows("SELECT count(*) AS n FROM alerts")[0]["n"],
+            }
+            kinds = store.rows("SELECT kind, count(*) AS n FROM alerts GROUP BY kind ORDER BY kind")
+            db_mb = db_size_mb(settings)
+        finally:
+            daemon.shutdown(timeout_s=5)
+            alerts.close()
+            store.close()
+            engine.close()
+    real_s = time.monotonic() - t_real
+    print(
+        f"simulated         {args.days:g} days in {real_s:.0f} s real, "
+        f"{time.process_time() - cpu0:.0f} s CPU ({args.days * DAY_S / real_s:.0f}x real time)"
+    )
+    print("jobs run          " + ", ".join(f"{k} {v}" for k, v in runs.items()))
+    print(
+        "stored            "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + f"; database {db_mb:.1f} MB"
+    )
+    print("alerts by kind    " + ", ".join(f"{r['kind']} {r['n']}" for r in kinds))
+    warm = [s for s in samples if s[0] >= min(DAY_S, samples[-1][0] / 2)]
+    print(
+        "RSS at each day's end   "
+        + "  ".join(f"{s[1]:.1f}" for s in samples if s[0] > 0 and abs(s[0] % DAY_S) < 1)
+        + " MB"
+    )
+    report(samples, warm[0], "day", DAY_S)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=60.0)
+    ap.add_argument("--trace", action="store_true", help="tracemalloc: what grew")
+    ap.add_argument("--days", type=float, default=0.0, help="simulated days instead of minutes")
+    ap.add_argument("--retention", default="2d", help="raw rows kept (storage.raw_retention)")
+    args = ap.parse_args()
+    parse_duration(args.retention)
+    if args.days:
+        soak_days(args)
+    else:
+        soak_minutes(args)
 
 
 if __name__ == "__main__":

@@ -201,3 +201,34 @@ def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
 
     assert after_one_step(0.5) == (True, 0.5)  # the gateway's GET /control says it ramps
     assert after_one_step(0.0) == (False, 0.0)
+
+
+def test_the_daemon_steps_its_control_loop_on_its_own_clock(tmp_path):
+    from llm_watchdog.config import settings_from_dict
+    from llm_watchdog.daemon.service import Daemon
+
+    clock = FakeClock(5000.0)
+    with rig(tmp_path) as (gw, store):
+        token = tmp_path / "token"
+        token.write_text(TOKEN + "\n")
+        token.chmod(0o600)
+        settings = settings_from_dict(
+            {
+                "server": {"url": gw.url},
+                "gpu": {"enabled": False},
+                "storage": {"path": str(tmp_path / "unused.db")},
+                "control": {"enabled": True, "gateway_url": gw.url, "token_file": str(token),
+                            "target_p95": "100ms", "drain_time": "10s"},
+            },
+            "test",
+        )  # fmt: skip
+        daemon = Daemon(settings, store, clock=clock, monotonic=clock)
+        assert daemon.steer is not None
+        try:
+            chat_at_4x_the_target(daemon.steer, clock)
+        finally:
+            daemon.steer.close()
+        rows = store.rows("SELECT ts, kind FROM control_actions ORDER BY id")
+    cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
+    # A week simulated in minutes (tests/benchmarks/bench_soak.py --days) relies on this.
+    assert cuts and all(5000.0 < r["ts"] <= clock.now for r in rows)

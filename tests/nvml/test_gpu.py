@@ -524,3 +524,33 @@ def test_clock_stepped_back_does_not_postpone_reinit(
     samples, events = reader.sample()
     assert kinds(events) == [("gpu_recovered", 0)]
     assert sorted(s.gpu_index for s in samples) == [0, 1]
+
+
+def test_one_gpu_reading_is_one_hand_off_to_the_worker(
+    readers: list[NvmlReader], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each hand-off costs two thread switches; at 1 Hz over two GPUs, a dozen per reading
+    # was most of the daemon's idle CPU.
+    fake = scenario_basic()
+    reader = make(readers, fake, clock)
+    assert reader.start()
+    worker = reader._worker
+    assert worker is not None
+    handed: list[object] = []
+    queue = worker._jobs  # the worker thread waits on this one; the spy only adds to it
+
+    class Spy:
+        def put(self, job: object) -> None:
+            handed.append(job)
+            queue.put(job)  # type: ignore[arg-type]
+
+        def get(self) -> object:
+            return queue.get()
+
+    monkeypatch.setattr(worker, "_jobs", Spy())
+    calls_before = sum(fake.calls.values())
+    samples, events = reader.sample()
+    assert (len(samples), events) == (2, [])
+    assert len(handed) == 2  # one per GPU
+    assert sum(fake.calls.values()) - calls_before >= 20  # while NVML was asked every field
+    assert by_index(samples)[0].power_w == pytest.approx(182.345)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -46,6 +46,7 @@ from llm_watchdog.probe.engine import (
     EngineInfo,
     api_root,
     detect_engine,
+    engine_client,
     engine_slots,
     resolve_model,
 )
@@ -62,6 +63,17 @@ _WRITING_JOBS = ("probe", "gpu", "rollup", "fingerprint")
 FILE_CHECK_S = 5.0  # how often the database file is checked for deletion or replacement
 
 
+class Job(NamedTuple):
+    """One periodic job: runs every `interval_s` (+ up to `jitter_s`), first after
+    `first_after_s` (None: after one interval)."""
+
+    id: str
+    interval_s: float
+    run: Callable[[], None]
+    jitter_s: float = 0.0
+    first_after_s: float | None = None
+
+
 def build_alerts(settings: Settings, store: Store) -> AlertManager:
     """The daemon's alert manager: the configured sinks, or the log when none is configured.
 
@@ -72,7 +84,6 @@ def build_alerts(settings: Settings, store: Store) -> AlertManager:
     except AlertConfigError as exc:
         raise ConfigError(f"{settings.source}: {exc}") from exc
     return AlertManager(sinks or [LogSink()], store, config)
-
 
 
 # [probe] keys that are ProbeOptions fields of the same name and unit.
@@ -109,6 +120,7 @@ class Daemon:
         nvml: Any | None = None,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         on_probe: Callable[[ProbeResult, GpuSample | None], None] | None = None,
         alerts: Any | None = None,
         notifier: Notifier | None = None,
@@ -146,7 +158,11 @@ class Daemon:
         self.judge = (
             Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
         )
-        self.steer = build_steer(settings, store, alerts) if settings.control.enabled else None
+        self.steer = (
+            build_steer(settings, store, alerts, clock=clock, monotonic=monotonic)
+            if settings.control.enabled
+            else None
+        )
         self.last_samples: list[GpuSample] = []
         self.last_result: ProbeResult | None = None
         self.probe_metrics = ProbeMetrics()
@@ -264,7 +280,7 @@ class Daemon:
         """The upstream's identity when server.url is an llm-watchdog gateway, else None."""
         try:
             url = api_root(self.settings.server.url) + "/control/identity"
-            with httpx.Client(transport=self.transport, timeout=5.0) as client:
+            with engine_client(None, self.transport, 5.0) as client:
                 response = client.get(url)
             doc = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
@@ -473,56 +489,46 @@ class Daemon:
         self.should_exit.set()
         return False
 
-    def start_jobs(self) -> None:
+    def jobs(self) -> list[Job]:
+        """The daemon's periodic work, each job guarded as the scheduler runs it. `start_jobs`
+        hands these to APScheduler; a benchmark may step them on a virtual clock instead
+        (tests/benchmarks/bench_soak.py --days)."""
         p, g = self.settings.probe, self.settings.gpu
+
+        def job(id: str, interval_s: float, work: Callable[[], object], **kw: Any) -> Job:
+            return Job(id, interval_s, self._guarded(id, work), **kw)
+
+        table = [job("probe", p.interval_s, self.probe_once, jitter_s=p.jitter_s, first_after_s=0)]
+        if self.gpu_enabled and self.reader.available:
+            table.append(job("gpu", g.interval_s, self.sample_gpu, first_after_s=0))
+        table.append(job("fingerprint", p.fingerprint_interval_s, self.refresh_identity))
+        if self.steer is not None:
+            table.append(job("control", self.settings.control.interval_s, self.steer.step))
+        table.append(job("rollup", self.settings.storage.rollup_interval_s, self.rollup))
+        table.append(job("database-file", FILE_CHECK_S, self.check_database_file))
+        return table
+
+    def start_jobs(self) -> None:
         sched = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
             timezone="UTC",
         )
-        # First probe right away (plus jitter) so a fresh start shows a number within seconds.
-        first = time.time() + random.uniform(0, min(p.jitter_s, p.interval_s))
-        sched.add_job(
-            self._guarded("probe", self.probe_once),
-            "interval",
-            seconds=p.interval_s,
-            jitter=p.jitter_s or None,
-            next_run_time=_utc(first),
-            id="probe",
-        )
-        if self.gpu_enabled and self.reader.available:
+        for job in self.jobs():
+            kwargs: dict[str, Any] = {}
+            if job.first_after_s is not None:
+                # The first probe runs right away (plus jitter), so a fresh start shows a
+                # number within seconds; the GPU is sampled at once.
+                jitter = random.uniform(0, min(job.jitter_s, job.interval_s))
+                kwargs["next_run_time"] = _utc(time.time() + job.first_after_s + jitter)
             sched.add_job(
-                self._guarded("gpu", self.sample_gpu),
+                job.run,
                 "interval",
-                seconds=g.interval_s,
-                next_run_time=_utc(time.time()),
-                id="gpu",
+                seconds=job.interval_s,
+                jitter=job.jitter_s or None,
+                id=job.id,
+                **kwargs,
             )
-        sched.add_job(
-            self._guarded("fingerprint", self.refresh_identity),
-            "interval",
-            seconds=p.fingerprint_interval_s,
-            id="fingerprint",
-        )
-        if self.steer is not None:
-            sched.add_job(
-                self._guarded("control", self.steer.step),
-                "interval",
-                seconds=self.settings.control.interval_s,
-                id="control",
-            )
-        sched.add_job(
-            self._guarded("rollup", self.rollup),
-            "interval",
-            seconds=self.settings.storage.rollup_interval_s,
-            id="rollup",
-        )
-        sched.add_job(
-            self._guarded("database-file", self.check_database_file),
-            "interval",
-            seconds=FILE_CHECK_S,
-            id="database-file",
-        )
         sched.start()
         self.scheduler = sched
 
@@ -658,8 +664,15 @@ class Daemon:
         return clean
 
 
-def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Steer:
-    """The control loop over the configured actuator."""
+def build_steer(
+    settings: Settings,
+    store: Store,
+    alerts: Any | None,
+    *,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Steer:
+    """The control loop over the configured actuator, on the daemon's clocks."""
     c = settings.control
     config = settings.control_config()
     if c.actuator == "gateway":
@@ -670,12 +683,16 @@ def build_steer(settings: Settings, store: Store, alerts: Any | None) -> Steer:
             store,
             alerts=alerts,
             dry_run=c.dry_run,
+            clock=clock,
+            monotonic=monotonic,
         )
     if c.actuator == "haproxy":
         actuator: Actuator = HaproxyActuator(c.haproxy_socket, c.haproxy_backend, c.haproxy_server)
     else:
         actuator = CommandActuator(c.command)
-    return Steer(config, actuator, store, alerts=alerts, dry_run=c.dry_run)
+    return Steer(
+        config, actuator, store, alerts=alerts, dry_run=c.dry_run, clock=clock, monotonic=monotonic
+    )
 
 
 def _utc(ts: float) -> Any:

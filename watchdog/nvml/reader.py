@@ -49,8 +49,9 @@ and the sample stands. A lost GPU (NVML_ERROR_GPU_IS_LOST, or its handle cannot 
 one `gpu_lost` event, then NVML is shut down and initialised again with exponential backoff on
 the injected clock, and `gpu_recovered` when the GPU answers again. No library or driver:
 `start()` returns False, the log says so once, and the first `sample()` carries one
-`nvml_unavailable` event. Every call runs on one worker thread and is waited for at most
-`call_timeout_s`; see `_NvmlWorker` for why one thread and what happens while a call hangs.
+`nvml_unavailable` event. Every call runs on one worker thread; one GPU's reading in
+`sample()` runs there as one batch and is waited for at most `call_timeout_s`. See
+`_NvmlWorker` for why one thread and what happens while a call hangs.
 
 Logging: the latency-only notice is a WARNING, once per reader. What is returned as a GpuEvent
 (gpu_lost, gpu_recovered, nvml_timeout) is logged at INFO only, since whoever stores the
@@ -171,6 +172,7 @@ class _NvmlWorker:
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._stuck: _Call | None = None
+        self._running: _Call | None = None
         self._thread = threading.Thread(target=self._run, name="nvml-worker", daemon=True)
         self._thread.start()
 
@@ -186,6 +188,13 @@ class _NvmlWorker:
         return self._thread.is_alive()
 
     def call(self, timeout_s: float, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        running = self._running
+        if running is not None and threading.current_thread() is self._thread:
+            # A batch on the worker (one GPU's whole reading) makes its calls in line: one
+            # hand-off per GPU and sample, not one per field. A timeout names the call the
+            # batch was in.
+            running.name = name
+            return fn(*args)
         stuck = self.busy
         if stuck is not None:
             raise NvmlTimeout(stuck.name, timeout_s)
@@ -193,7 +202,7 @@ class _NvmlWorker:
         self._jobs.put(job)
         if not job.done.wait(timeout_s):
             self._stuck = job
-            raise NvmlTimeout(name, timeout_s)
+            raise NvmlTimeout(job.name, timeout_s)
         if job.error is not None:
             raise job.error
         return job.result
@@ -209,11 +218,13 @@ class _NvmlWorker:
             job = self._jobs.get()
             if job is None:
                 return
+            self._running = job
             try:
                 job.result = job.fn(*job.args)
             except BaseException as exc:  # handed to the caller; the thread must survive
                 job.error = exc
             finally:
+                self._running = None
                 job.done.set()
 
 
@@ -244,7 +255,8 @@ class NvmlReader:
 
     nvml: a pynvml-like module object; None imports `pynvml` inside start().
     indices: NVML indices to sample; None means every GPU NVML sees.
-    call_timeout_s: the longest wait for one NVML call in sample().
+    call_timeout_s: the longest wait for one GPU's reading in sample() (its dozen NVML calls
+        run as one batch on the worker thread).
     init_timeout_s: the longest wait for nvmlInit, nvmlShutdown and nvmlDeviceGetHandleByIndex.
         These may initialise the GPU, "a short (order of 1-3 second) startup cost per GPU due
         to ECC scrubbing" without persistence mode (NVIDIA, Driver Persistence, Overview), so
@@ -371,7 +383,9 @@ class NvmlReader:
                         continue
                     gpu_index = gpu.index
                     try:
-                        samples.append(self._read_sample(gpu))
+                        samples.append(
+                            worker.call(self._call_timeout_s, "sample", self._read_sample, gpu)
+                        )
                     except _GpuLost as lost:
                         self._mark_lost(gpu, str(lost), events)
                 gpu_index = None

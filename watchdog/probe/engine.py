@@ -22,7 +22,9 @@ Base URLs are accepted with or without the `/v1` suffix: `http://host:8000` and
 
 from __future__ import annotations
 
+import functools
 import re
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +91,7 @@ def detect_engine(
     """Find out which engine serves `base_url`, its version and its models. Never raises
     for an unreachable server (see the module docstring)."""
     root = api_root(base_url)
-    with _client(api_key, transport, timeout_s) as client:
+    with engine_client(api_key, transport, timeout_s) as client:
         models_doc, problem = _get_json(client, f"{root}/v1/models")
         if problem is not None and problem.unreachable:
             return EngineInfo(UNREACHABLE, UNKNOWN, (), {"error": problem.reason}, problem.text)
@@ -142,7 +144,7 @@ def resolve_model(
     """The model to probe when the configuration says `auto`: the first id of /v1/models,
     else the first of Ollama's /api/tags. Raises ModelResolveError with a one-line message."""
     root = api_root(base_url)
-    with _client(api_key, transport, timeout_s) as client:
+    with engine_client(api_key, transport, timeout_s) as client:
         doc, problem = _get_json(client, f"{root}/v1/models")
         ids = _model_ids(doc)
         if ids:
@@ -166,12 +168,26 @@ class _Problem:
     reason: str = ""  # a few words: "connection refused", "timed out"
 
 
-def _client(
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every short-lived client: building one loads the CA bundle, about
+    50 ms of CPU, and the daemon opens clients every minute to re-read the engine's identity."""
+    return httpx.create_ssl_context()
+
+
+def engine_client(
     api_key: str | None, transport: httpx.BaseTransport | None, timeout_s: float
 ) -> httpx.Client:
+    """A client for a few requests to the engine (or the gateway before it)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # trust_env=False: a proxy from the environment must not sit between the probe and the engine.
-    return httpx.Client(transport=transport, timeout=timeout_s, headers=headers, trust_env=False)
+    return httpx.Client(
+        transport=transport,
+        timeout=timeout_s,
+        headers=headers,
+        trust_env=False,
+        verify=tls_context(),
+    )
 
 
 def _get_json(client: httpx.Client, url: str) -> tuple[Any, _Problem | None]:
