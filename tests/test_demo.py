@@ -56,3 +56,13 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
     time.sleep(0.5)
     leftover = {t.name for t in threading.enumerate()} - threads_before
     assert not {n for n in leftover if not n.startswith(("alerts:", "Thread-"))}, leftover
+
+
+def test_the_summary_says_the_heat_runs_faster_than_the_wall_clock(tmp_path):
+    from llm_watchdog.demo import DemoResult
+
+    fast = summary(DemoResult(db_path=tmp_path / "demo.db", time_scale=20))
+    real = summary(DemoResult(db_path=tmp_path / "demo.db"))
+    (note,) = [line for line in fast if line.strip().startswith("time ")]
+    assert "20x fast" in note and "per demo minute" in note
+    assert not [line for line in real if line.strip().startswith("time ")]

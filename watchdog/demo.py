@@ -80,6 +80,7 @@ class DemoResult:
     started_at: float = 0.0  # unix time of demo second 0 (alerts carry unix times)
     control: bool = True
     static_allowance: int | None = None
+    time_scale: float = 1.0  # the card's seconds per demo second
 
 
 class _ScreenSink:
@@ -127,7 +128,10 @@ def run_demo(
     workdir = Path(tempfile.mkdtemp(prefix="llm-watchdog-demo-"))
     db_path = opts.db_path or workdir / "demo.db"
     result = DemoResult(
-        db_path=db_path, control=opts.control, static_allowance=opts.default_allowance
+        db_path=db_path,
+        control=opts.control,
+        static_allowance=opts.default_allowance,
+        time_scale=opts.time_scale,
     )
     log_file = workdir / "demo.log"
     log_stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
@@ -155,7 +159,8 @@ def run_demo(
         model = resolve_model(lab.url)
         _warm_up(gw.url, model)
         result.phases = _phases(scenario, opts)
-        say(f"heat lab: {scenario.name} ({scenario.description}), {opts.time_scale:g}x time")
+        say(f"heat lab: {scenario.name} ({scenario.description})")
+        say(_time_note(opts.time_scale))
         say(f"engine {lab.url}  gateway {gw.url}  database {db_path}")
         say(
             f"chat SLO: TTFT p95 {target:.0f} ms; batch job wants {opts.batch_streams} streams "
@@ -348,6 +353,8 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
 def summary(result: DemoResult) -> list[str]:
     warm = [(t, r, g, a) for t, r, g, a in result.probes if r.ok and not r.cold and r.ttft_ms]
     lines = ["", "summary"]
+    if result.time_scale != 1:
+        lines.append(f"  time             {_time_note(result.time_scale)}")
     if warm:
         ttfts = [t for _, r, _, _ in warm if (t := r.ttft_ms) is not None]
         lines.append(
@@ -403,6 +410,17 @@ def summary(result: DemoResult) -> list[str]:
     lines.append(f"  database         {db}  (daemon log: {db.parent / 'demo.log'})")
     lines.append(f"  look closer      LLM_WATCHDOG__STORAGE__PATH={db} llm-watchdog drift")
     return lines
+
+
+def _time_note(scale: float) -> str:
+    """What a rate in the demo's messages means, when the card's heat runs faster than the
+    clock on the wall: the trend is measured in demo seconds."""
+    if scale == 1:
+        return "the card's heat runs in real time"
+    return (
+        f"the card's heat runs {scale:g}x fast: one demo minute is {scale:g} of the card's, "
+        f"so a °C/min in a message is per demo minute ({scale:g}x the card's own rate)"
+    )
 
 
 def _p95(values: list[float]) -> float:
