@@ -3,7 +3,7 @@ streaming server, with RSS, open descriptors and threads sampled. Growth is judg
 warm-up (targets: RSS <= 5 MB, descriptors and threads none).
 
 Real minutes (default): APScheduler runs the jobs, probing every second with the control
-loop on; samples every 10 s. With --trace, tracemalloc compares the heap at the end of the
+loop on, over two heat-lab cards (the engine's process on card 0); samples every 10 s. With --trace, tracemalloc compares the heap at the end of the
 warm-up with the end and prints the lines that grew most: where a leak lives.
 
 Simulated days (--days N): the same job table (`Daemon.jobs()`, each job guarded as the
@@ -134,9 +134,19 @@ def report(samples: list[tuple[float, float, int, int]], base: tuple, unit: str,
 # ---- real minutes ----------------------------------------------------------------------------
 
 
-def soak_minutes(args: argparse.Namespace) -> None:
-    from tests.helpers.fakenvml import scenario_basic
+def lab_cards(engine: Engine, clock: Any) -> tuple[FakeNvml, list[StandaloneDevice]]:
+    """Two heat-lab cards behind the fake NVML: the engine on card 0, another job on card 1."""
+    cards = [
+        StandaloneDevice(GpuParams(uuid=f"GPU-50a50a50-0000-4000-8000-00000000000{i}"))
+        for i in range(2)
+    ]
+    nvml = FakeNvml(cards, clock=clock)
+    nvml.set_compute_pids(0, [engine.proc.pid])
+    cards[1].set_load(0.5, 0.0)
+    return nvml, cards
 
+
+def soak_minutes(args: argparse.Namespace) -> None:
     if args.trace:
         tracemalloc.start(8)
     engine = Engine(0.02)
@@ -148,7 +158,10 @@ def soak_minutes(args: argparse.Namespace) -> None:
         settings = settings_from_dict(raw, "soak")
         store = Store(settings.storage.path, exclusive=True)
         alerts = AlertManager([LogSink()], store)
-        daemon = Daemon(settings, store, nvml=scenario_basic(), alerts=alerts)
+        t_lab = time.monotonic()
+        nvml, cards = lab_cards(engine, lambda: time.monotonic() - t_lab)
+        cards[0].set_load(0.6, 0.0)
+        daemon = Daemon(settings, store, nvml=nvml, alerts=alerts)
         daemon.startup()
         daemon.start_jobs()
         samples: list[tuple[float, float, int, int]] = []
@@ -240,13 +253,7 @@ def soak_days(args: argparse.Namespace) -> None:
     start = float(int(time.time() // DAY_S) * DAY_S)  # midnight UTC today: hours read plainly
     clock = VirtualClock(start)
     engine = Engine(BASE_DELAY_S)
-    cards = [
-        StandaloneDevice(GpuParams(uuid=f"GPU-50a50a50-0000-4000-8000-00000000000{i}"))
-        for i in range(2)
-    ]
-    nvml = FakeNvml(cards, clock=lambda: clock.now - start)
-    nvml.set_compute_pids(0, [engine.proc.pid])  # the engine runs on card 0
-    cards[1].set_load(0.5, 0.0)  # another job keeps card 1 busy
+    nvml, cards = lab_cards(engine, lambda: clock.now - start)
     week = Week(cards[0], start)
     retention = args.retention
     with tempfile.TemporaryDirectory() as tmp, rig(

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from llm_watchdog.control.law import AllowanceController, ControlConfig, ControlInput, GpuState
+from llm_watchdog.control.headroom import Observation
+from llm_watchdog.control.law import (
+    MAP_PRIOR_PER_CELL,
+    AllowanceController,
+    ControlConfig,
+    ControlInput,
+    GpuState,
+)
 from llm_watchdog.nvml.throttle import SW_THERMAL_SLOWDOWN
 
 T = 1000.0
@@ -112,3 +119,46 @@ def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools
             break
     assert grew is not None and grew.allowance_after == 12
     assert grew.inputs["headroom_row"].startswith("cool")
+
+
+def earlier_days() -> list[Observation]:
+    """Stored probes of earlier days: hot, chat holds with 3 batch in flight and not with 6."""
+    out = []
+    for i in range(200):
+        out.append(Observation(300.0, 3, "hot"))
+        out.append(Observation(2500.0 if i % 3 == 0 else 300.0, 6, "hot"))
+        out.append(Observation(300.0, 10, "cool"))
+    return out
+
+
+def test_a_map_seeded_from_earlier_days_cuts_ahead_the_first_time_the_card_turns_hot() -> None:
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    assert c.seed_map(earlier_days()) == 600
+    now = 50_000.0  # hours after anything this run has seen: only the seed knows "hot"
+    for _ in range(10):
+        c.step(ControlInput(now, (300.0,) * 3, gpu=COOL, batch_inflight=10, batch_queued=0))
+        now += 1.0
+    cut = None
+    for _ in range(10):
+        a = c.step(ControlInput(now, (300.0,) * 3, gpu=HOT, batch_inflight=10, batch_queued=0))
+        now += 1.0
+        if a.kind == "cut":
+            cut = a
+            break
+    assert cut is not None and cut.allowance_after == 3
+    assert cut.inputs["headroom_row"].startswith("hot")
+    # Unseeded, the same run has no hot row: nothing is cut while chat is fast.
+    plain = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    now = 50_000.0
+    for gpu in (COOL,) * 10 + (HOT,) * 10:
+        a = plain.step(ControlInput(now, (300.0,) * 3, gpu=gpu, batch_inflight=10, batch_queued=0))
+        now += 1.0
+        assert a.kind != "cut"
+
+
+def test_the_seed_keeps_the_newest_few_hundred_of_each_state_and_load() -> None:
+    c = ours()
+    slow_then_fast = [Observation(2500.0, 6, "hot")] * 1000 + [Observation(300.0, 6, "hot")] * 400
+    assert c.seed_map(slow_then_fast + [Observation(300.0, 1, "cool")]) == MAP_PRIOR_PER_CELL + 1
+    assert all(o.ttft_ms == 300.0 for o in c.map_prior)
+    assert c.seed_map([]) == 0 and c.map_prior == []  # a new seed replaces the old one

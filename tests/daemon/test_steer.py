@@ -203,26 +203,30 @@ def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
     assert after_one_step(0.0) == (False, 0.0)
 
 
-def test_the_daemon_steps_its_control_loop_on_its_own_clock(tmp_path):
+def daemon_settings(tmp_path: Path, gw: GatewayServer, target: str = "100ms") -> Any:
     from llm_watchdog.config import settings_from_dict
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    return settings_from_dict(
+        {
+            "server": {"url": gw.url},
+            "gpu": {"enabled": False},
+            "storage": {"path": str(tmp_path / "unused.db")},
+            "control": {"enabled": True, "gateway_url": gw.url, "token_file": str(token),
+                        "target_p95": target, "drain_time": "10s"},
+        },
+        "test",
+    )  # fmt: skip
+
+
+def test_the_daemon_steps_its_control_loop_on_its_own_clock(tmp_path):
     from llm_watchdog.daemon.service import Daemon
 
     clock = FakeClock(5000.0)
     with rig(tmp_path) as (gw, store):
-        token = tmp_path / "token"
-        token.write_text(TOKEN + "\n")
-        token.chmod(0o600)
-        settings = settings_from_dict(
-            {
-                "server": {"url": gw.url},
-                "gpu": {"enabled": False},
-                "storage": {"path": str(tmp_path / "unused.db")},
-                "control": {"enabled": True, "gateway_url": gw.url, "token_file": str(token),
-                            "target_p95": "100ms", "drain_time": "10s"},
-            },
-            "test",
-        )  # fmt: skip
-        daemon = Daemon(settings, store, clock=clock, monotonic=clock)
+        daemon = Daemon(daemon_settings(tmp_path, gw), store, clock=clock, monotonic=clock)
         assert daemon.steer is not None
         try:
             chat_at_4x_the_target(daemon.steer, clock)
@@ -232,3 +236,29 @@ def test_the_daemon_steps_its_control_loop_on_its_own_clock(tmp_path):
     cuts = [r for r in rows if r["kind"] in ("cut", "halve")]
     # A week simulated in minutes (tests/benchmarks/bench_soak.py --days) relies on this.
     assert cuts and all(5000.0 < r["ts"] <= clock.now for r in rows)
+
+
+def test_a_restarted_daemon_starts_its_headroom_map_from_its_engines_stored_probes(tmp_path):
+    import time
+
+    from llm_watchdog.control.headroom import headroom_map
+    from llm_watchdog.daemon.service import Daemon
+    from tests.helpers.history import fill_headroom_history
+
+    with rig(tmp_path) as (gw, store):
+        settings = daemon_settings(tmp_path, gw, target="1s")
+        first = Daemon(settings, store)
+        first.refresh_identity()
+        assert first.steer is not None and first.steer.law.map_prior == []  # nothing stored yet
+        fill_headroom_history(store, time.time(), first.fingerprint_id)
+        fill_headroom_history(store, time.time() - 7200, None)  # no engine named: not this one
+        first.steer.close()
+        again = Daemon(settings, store)  # the same engine, after a restart
+        again.refresh_identity()
+        assert again.steer is not None
+        prior = again.steer.law.map_prior
+        again.steer.close()
+    assert again.fingerprint_id == first.fingerprint_id
+    assert 600 < len(prior) < 720  # this engine's two hours, none of the other's
+    rows = {r.state: r for r in headroom_map(prior, 1000.0)}
+    assert (rows["cool"].allowance, rows["hot"].allowance) == (6, 3)

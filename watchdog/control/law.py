@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,6 +90,7 @@ from llm_watchdog.control.headroom import (
     StateRow,
     describe,
     headroom_map,
+    level_of,
     thermal_state,
 )
 from llm_watchdog.control.signals import LogEwma, SurgeDetector
@@ -96,6 +98,9 @@ from llm_watchdog.nvml.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reaso
 from llm_watchdog.stats import quantile
 
 KINDS = ("cut", "halve", "grow", "hold", "freeze")
+# Earlier days' chat kept per (thermal state, batch level) for the headroom map: enough for a
+# sure verdict at 5 % over the target, and a bound on memory whatever the history holds.
+MAP_PRIOR_PER_CELL = 400
 FREEZE_MODES = ("throttled", "falling", "off")
 
 
@@ -349,6 +354,20 @@ class AllowanceController:
         self.map_grow_to: int | None = None  # the cooler state's row, until reached
         self.map_grow_row: str | None = None  # ... and that row, as text
         self.map_used: str | None = None  # the row the last map decision used
+        self.map_prior: list[Observation] = []  # earlier days' chat (seed_map)
+
+    def seed_map(self, observations: Iterable[Observation]) -> int:
+        """Earlier days' chat for the headroom map, each measured under a known load and card
+        state (the daemon's stored probes): the map then knows a state before the card is next
+        in it, and acts ahead the first time, not only once this run has seen the state. Keeps
+        the newest MAP_PRIOR_PER_CELL of each (state, batch level); replaces an earlier seed.
+        Returns how many it kept."""
+        cells: dict[tuple[str, tuple[int, int]], deque[Observation]] = {}
+        for o in observations:
+            key = (o.state, level_of(o.batch_inflight))
+            cells.setdefault(key, deque(maxlen=MAP_PRIOR_PER_CELL)).append(o)
+        self.map_prior = [o for cell in cells.values() for o in cell]
+        return len(self.map_prior)
 
     # -- what came in ----------------------------------------------------------------------
 
@@ -706,7 +725,7 @@ class AllowanceController:
         before, after = moved
         if before not in STATES or after not in STATES:
             return None
-        obs = [Observation(v, n, st) for _, v, n, st in self.map_samples]
+        obs = self.map_prior + [Observation(v, n, st) for _, v, n, st in self.map_samples]
         row = next(
             (r for r in headroom_map(obs, self.config.target_p95_ms) if r.state == after), None
         )

@@ -309,7 +309,10 @@ class Daemon:
             changes = describe_change(self.fingerprint.key_fields(), fp)
             log.warning("runtime changed: %s", "; ".join(changes) or fp.id)
         self.fingerprint = fp
-        self.fingerprint_id = self.store.record_fingerprint(fp)
+        before, self.fingerprint_id = self.fingerprint_id, self.store.record_fingerprint(fp)
+        if self.steer is not None and self.fingerprint_id != before:
+            # Another engine, model or launch is another card's worth of headroom.
+            self.steer.seed_headroom(self.fingerprint_id)
         if self.judge is not None:
             with self._judge_lock:
                 self.judge.set_fingerprint(self.fingerprint_id, self.clock())

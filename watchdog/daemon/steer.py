@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_watchdog.actuators.base import Actuator, ActuatorError, not_effective_event
 from llm_watchdog.actuators.gateway import GatewayActuator
+from llm_watchdog.control.headroom import observation_from
 from llm_watchdog.control.law import (
     AllowanceController,
     ControlAction,
@@ -34,6 +35,7 @@ from llm_watchdog.store.control import (
     verification_row,
 )
 from llm_watchdog.store.db import Store
+from llm_watchdog.store.headroom import probe_states
 
 if TYPE_CHECKING:
     import httpx
@@ -42,6 +44,8 @@ log = logging.getLogger("llm_watchdog.daemon.steer")
 
 # Holds are the law's most common answer; one stored per minute is enough to show it ran.
 HOLD_RECORD_EVERY_S = 60.0
+# The stored probes the headroom map starts from: the week `llm-watchdog headroom` reads.
+MAP_SEED_S = 7 * 86400.0
 
 
 class ChatObserver(Protocol):
@@ -114,6 +118,18 @@ class Steer:
 
     def gpu(self, sample: GpuSample | None) -> None:
         self._gpu = sample
+
+    def seed_headroom(self, fingerprint_id: str | None) -> int:
+        """Start the law's headroom map from this engine's stored probes of the last week, so
+        the first time the card turns hot after a restart the map already knows that state.
+        Returns how many probes it kept (MAP_PRIOR_PER_CELL per state and load at most)."""
+        if not self.law.config.headroom:
+            return 0
+        rows = probe_states(self.store, self.clock() - MAP_SEED_S, fingerprint_id)
+        kept = self.law.seed_map(observation_from(r) for r in rows)
+        if kept:
+            log.info("headroom map starts from %d stored probes of this engine", kept)
+        return kept
 
     def engine_slots(self, slots: int | None) -> None:
         """The engine's slot count as detected; used only where the config gives none."""
