@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from llm_watchdog.control.baselines import StaticController  # noqa: E402
+from llm_watchdog.control.headroom import Observation as MapObservation  # noqa: E402
 from llm_watchdog.sim.controllers import Controller, ControllerContext, Observation  # noqa: E402
 from llm_watchdog.sim.law import FACTORIES, INTERVAL_S, SimController  # noqa: E402
 from llm_watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
@@ -72,6 +73,9 @@ SCENARIOS = (
 )
 # Ours without the headroom map it learns from chat (docs/control.md, "Headroom").
 NO_MAP = "ours:headroom=false"
+# Ours with its map seeded from the day before: the same scenario run once with another seed
+# (seed + 1000), as the daemon seeds it from the stored probes of earlier days.
+SEEDED = "ours+seed"
 WARMUP_S = 120.0
 TARGET_ATT = 0.99
 CONSERVATIVE = 4
@@ -189,8 +193,20 @@ def make(spec: str, s: Scenario) -> Recorder:
     return Recorder(FACTORIES[name](arg or None, ctx))
 
 
+def seeded(s: Scenario, seed: int) -> Recorder:
+    """`ours` with what the day before taught its headroom map."""
+    before = make("ours", s)
+    run_virtual(s, s.duration_s, before, seed=seed + 1000, warmup_s=WARMUP_S)
+    law = before.inner.inner  # type: ignore[attr-defined]
+    rec = make("ours", s)
+    rec.inner.inner.seed_map(  # type: ignore[attr-defined]
+        MapObservation(v, n, st) for _, v, n, st in law.map_samples
+    )
+    return rec
+
+
 def run(spec: str, s: Scenario, seed: int) -> Row:
-    rec = make(spec, s)
+    rec = seeded(s, seed) if spec == SEEDED else make(spec, s)
     r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S)
     restores = restore_times(rec, s)
     late = restore_times(rec, s, strict=True)
@@ -219,7 +235,7 @@ def steady_state(s: Scenario, spec: str, seed: int) -> float:
         chat=dataclasses.replace(s.chat, burst_every_s=0.0, burst_duration_s=0.0),
         schedule=(),
     )
-    rec = make(spec, calm)
+    rec = seeded(calm, seed) if spec == SEEDED else make(spec, calm)
     run_virtual(calm, calm.duration_s, rec, seed=seed, warmup_s=WARMUP_S)
     changes, prev = 0, None
     for t, d in rec.decisions:
@@ -262,9 +278,9 @@ def bench(name: str, seed: int, fast: bool = False) -> dict[str, Any]:
     if best is not None:
         rows.append(Row(**{**asdict(best), "controller": f"best {best.controller}"}))
     specs = (
-        ("aimd", "gradient2", "ours", NO_MAP)
+        ("aimd", "gradient2", "ours", NO_MAP, SEEDED)
         if fast
-        else ("aimd", "gradient2", "design", "ours", NO_MAP)
+        else ("aimd", "gradient2", "design", "ours", NO_MAP, SEEDED)
     )
     for spec in specs:
         row = run(spec, s, seed)

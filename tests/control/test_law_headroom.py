@@ -162,3 +162,22 @@ def test_the_seed_keeps_the_newest_few_hundred_of_each_state_and_load() -> None:
     assert c.seed_map(slow_then_fast + [Observation(300.0, 1, "cool")]) == MAP_PRIOR_PER_CELL + 1
     assert all(o.ttft_ms == 300.0 for o in c.map_prior)
     assert c.seed_map([]) == 0 and c.map_prior == []  # a new seed replaces the old one
+
+
+def test_the_usual_chat_in_flight_is_found_within_a_minute_not_ten() -> None:
+    # Started from one quiet reading, a 10-minute EWMA read chat's 10 slots as 2-4 for minutes,
+    # and the slot rules grew batch into slots chat needed, then cut: a change every few
+    # seconds until it caught up.
+    c = ours(default_allowance=4, engine_slots=32, app_limited_headroom=0)
+    now = 0.0
+    a = c.step(ControlInput(now, (300.0,), batch_inflight=4, batch_queued=20, chat_inflight=1))
+    for k in range(12):  # a minute of 5-s steps with chat holding 9-11 slots
+        now += 5.0
+        a = c.step(
+            ControlInput(
+                now, (300.0,) * 3, batch_inflight=4, batch_queued=20, chat_inflight=9 + k % 3
+            )
+        )
+    assert 9.0 <= a.inputs["chat_usual_inflight"] <= 11.0
+    # Grown no further than the slots less three times that: room for a burst.
+    assert a.allowance_after <= 32 - 3 * 9

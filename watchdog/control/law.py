@@ -342,6 +342,7 @@ class AllowanceController:
         self.regrow_to: int | None = None  # the level a met surge was shed from
         self.regrow_at_once = False  # ... in one write (`serving_ramps`)
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
+        self.chat_usual_s = 0.0  # ... learned over this long
         self.grow_times: deque[float] = deque()  # when each grow of the last hour was
         # The card when the surge cap was learned (thermal bit, clock ratio), and since when
         # it has been cooler than that: the cap is re-tested once that has lasted.
@@ -511,11 +512,17 @@ class AllowanceController:
         if inp.chat_inflight is not None and not surge:
             # The usual chat concurrency, learned outside surges over the same time as the
             # usual arrival rate: what a burst multiplies.
+            # Young, it is the time-weighted mean of all seen so far: started from the first
+            # reading alone, the EWMA took its 10 minutes to find chat's level, and the slot
+            # rules grew into slots chat then needed and cut back, a change every few seconds
+            # (hr-fans-fail-replaced: 58 changes in its first 10 minutes).
             if self.chat_usual is None:
                 self.chat_usual = float(inp.chat_inflight)
+                self.chat_usual_s = 0.0
             else:
-                w = 1.0 - math.exp(-dt / c.surge_slow_s)
+                w = max(1.0 - math.exp(-dt / c.surge_slow_s), dt / (self.chat_usual_s + dt or 1.0))
                 self.chat_usual += w * (inp.chat_inflight - self.chat_usual)
+                self.chat_usual_s += dt
         can_cut = inp.now_s - self.last_cut_s >= c.drain_time_s and level > c.floor
         shed_to = (
             None
