@@ -3,8 +3,9 @@ streaming server, with RSS, open descriptors and threads sampled. Growth is judg
 warm-up (targets: RSS <= 5 MB, descriptors and threads none).
 
 Real minutes (default): APScheduler runs the jobs, probing every second with the control
-loop on, over two heat-lab cards (the engine's process on card 0); samples every 10 s. With --trace, tracemalloc compares the heap at the end of the
-warm-up with the end and prints the lines that grew most: where a leak lives.
+loop on, over two heat-lab cards (the engine's process on card 0); samples every 10 s. With
+--trace, tracemalloc compares the heap at the end of the warm-up with the end and prints the
+lines that grew most: where a leak lives.
 
 Simulated days (--days N): the same job table (`Daemon.jobs()`, each job guarded as the
 scheduler runs it) stepped in due order on a virtual clock, so a week of the daemon's work
