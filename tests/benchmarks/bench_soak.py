@@ -251,6 +251,9 @@ class Week:
 
 
 def soak_days(args: argparse.Namespace) -> None:
+    if args.trace:
+        tracemalloc.start(8)
+    snap0 = None
     start = float(int(time.time() // DAY_S) * DAY_S)  # midnight UTC today: hours read plainly
     clock = VirtualClock(start)
     engine = Engine(BASE_DELAY_S)
@@ -293,6 +296,12 @@ def soak_days(args: argparse.Namespace) -> None:
                 heapq.heappush(due, (at + job.interval_s, i))
                 if at >= next_sample:
                     next_sample += 3600
+                    if (
+                        args.trace
+                        and snap0 is None
+                        and at - start >= min(DAY_S, args.days * DAY_S / 3)
+                    ):
+                        snap0 = tracemalloc.take_snapshot()
                     samples.append((at - start, rss_mb(), fds(), threading.active_count()))
                     if len(samples) % 24 == 1:
                         day = (at - start) / DAY_S
@@ -303,6 +312,7 @@ def soak_days(args: argparse.Namespace) -> None:
                             flush=True,
                         )
             samples.append((clock.now - start, rss_mb(), fds(), threading.active_count()))
+            snap1 = tracemalloc.take_snapshot() if args.trace else None
             alerts.flush(timeout_s=5.0)
             counts = {
                 "probes (kept raw)": store.rows("SELECT count(*) AS n FROM probes")[0]["n"],
@@ -336,6 +346,12 @@ def soak_days(args: argparse.Namespace) -> None:
         + " MB"
     )
     report(samples, warm[0], "day", DAY_S)
+    if snap0 is not None and snap1 is not None:
+        print("grew most (tracemalloc, since the end of the warm-up):")
+        for stat in snap1.compare_to(snap0, "traceback")[:8]:
+            print(f"  {stat.size_diff / 1024:+8.1f} KiB  {stat.count_diff:+6d} blocks")
+            for line in stat.traceback.format()[-6:]:
+                print("     ", line)
 
 
 def main() -> None:
