@@ -9,6 +9,7 @@ from llm_watchdog.control.headroom import Observation
 from llm_watchdog.control.law import (
     MAP_PRIOR_PER_CELL,
     AllowanceController,
+    ControlAction,
     ControlConfig,
     ControlInput,
     GpuState,
@@ -83,26 +84,39 @@ def test_a_surge_cap_learned_hot_is_retested_once_the_card_is_cooler() -> None:
     assert c.surge_cap is None
 
 
-def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools() -> None:
-    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
-    # What the card has shown before: hot, chat holds with 3 batch in flight and not with 6.
+def history() -> list[Observation]:
+    """What the card has shown: hot, chat holds with 3 batch in flight and not with 6; cool,
+    it holds with 10."""
+    out = []
     for i in range(200):
-        c.map_samples.append((float(i), 300.0, 3, "hot"))
-        c.map_samples.append((float(i), 2500.0 if i % 3 == 0 else 300.0, 6, "hot"))
-        c.map_samples.append((float(i), 300.0, 10, "cool"))
-    now = 1000.0
+        out.append(Observation(300.0, 3, "hot"))
+        out.append(Observation(2500.0 if i % 3 == 0 else 300.0, 6, "hot"))
+        out.append(Observation(300.0, 10, "cool"))
+    return out
+
+
+def cool_then_hot(c: AllowanceController, now: float) -> tuple[ControlAction | None, float]:
+    """Ten seconds cool at 10 batch in flight (nothing changes), then up to ten hot with chat
+    still fast: the first cut, if any, and the time after it."""
     for _ in range(10):
         c.step(ControlInput(now, (300.0,) * 3, gpu=COOL, batch_inflight=10, batch_queued=0))
         now += 1.0
     assert c.allowance == 10
-    # The card turns hot; chat is still fast, and the map says hot takes 3.
-    cut = None
     for _ in range(10):
         a = c.step(ControlInput(now, (300.0,) * 3, gpu=HOT, batch_inflight=10, batch_queued=0))
         now += 1.0
         if a.kind == "cut":
-            cut = a
-            break
+            return a, now
+    return None, now
+
+
+def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools() -> None:
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    # What the card has shown earlier in this run.
+    c.map_samples.extend(
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state) for i, o in enumerate(history())
+    )
+    cut, now = cool_then_hot(c, 1000.0)
     assert cut is not None and cut.allowance_after == 3
     assert cut.inputs["headroom_row"].startswith("hot")
     assert "the card is now hot" in cut.reason
@@ -121,30 +135,11 @@ def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools
     assert grew.inputs["headroom_row"].startswith("cool")
 
 
-def earlier_days() -> list[Observation]:
-    """Stored probes of earlier days: hot, chat holds with 3 batch in flight and not with 6."""
-    out = []
-    for i in range(200):
-        out.append(Observation(300.0, 3, "hot"))
-        out.append(Observation(2500.0 if i % 3 == 0 else 300.0, 6, "hot"))
-        out.append(Observation(300.0, 10, "cool"))
-    return out
-
-
 def test_a_map_seeded_from_earlier_days_cuts_ahead_the_first_time_the_card_turns_hot() -> None:
     c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
-    assert c.seed_map(earlier_days()) == 600
-    now = 50_000.0  # hours after anything this run has seen: only the seed knows "hot"
-    for _ in range(10):
-        c.step(ControlInput(now, (300.0,) * 3, gpu=COOL, batch_inflight=10, batch_queued=0))
-        now += 1.0
-    cut = None
-    for _ in range(10):
-        a = c.step(ControlInput(now, (300.0,) * 3, gpu=HOT, batch_inflight=10, batch_queued=0))
-        now += 1.0
-        if a.kind == "cut":
-            cut = a
-            break
+    assert c.seed_map(history()) == 600
+    # Hours after anything this run has seen: only the seed knows "hot".
+    cut, _ = cool_then_hot(c, 50_000.0)
     assert cut is not None and cut.allowance_after == 3
     assert cut.inputs["headroom_row"].startswith("hot")
     # Unseeded, the same run has no hot row: nothing is cut while chat is fast.
