@@ -85,9 +85,7 @@ def run(name: str, seed: int, *, old: bool) -> dict[str, object]:
     noise, first_hot, warn_open_at = 0.0, None, None
     lead_s: float | None = None
     alarm: dict[str, object] | None = None
-    truth_at_alarm: tuple[float, float] | None = None
     worst: dict[str, object] | None = None  # the event's last report (its peak)
-    base_inflight = min(streams, ALLOWANCE)
     schedule = list(sc.schedule)
     t, end = 0.0, WARM_S + min(sc.duration_s, 3600.0)
     next_probe = PROBE_S
@@ -176,7 +174,6 @@ def run(name: str, seed: int, *, old: bool) -> dict[str, object]:
             else (1.0 if row["cause"] in ("thermal", "power") else 0.0)
         )
         out[key + "clock_share"] = named
-    _ = (base_inflight, truth_at_alarm)
     return out
 
 
