@@ -184,7 +184,9 @@ def steady_changes_per_h(rec: Recorder, s: Scenario) -> float:
 
 
 def make(spec: str, s: Scenario) -> Recorder:
-    ctx = ControllerContext(s.slo_chat_ttft_p95_ms, s.batch.streams, s.engine.max_running_seqs)
+    ctx = ControllerContext(
+        s.slo_chat_ttft_p95_ms, s.batch.streams, s.engine.max_running_seqs, s.gpu.sw_hold_c
+    )
     if spec == "none":
         return Recorder(NoCap())
     if spec.startswith("static:"):

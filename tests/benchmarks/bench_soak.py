@@ -23,6 +23,7 @@ cuts and a recovery. Samples every simulated hour; day 1 is the warm-up.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import heapq
 import math
 import os
@@ -61,6 +62,26 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def heap() -> tuple[int, float, float]:
+    """Python's allocated blocks, and the C heap's bytes in use and free (glibc's mallinfo2,
+    NaN elsewhere): whether RSS grows from objects kept, from C allocations kept, or from
+    free memory the allocator holds on to."""
+    blocks = sys.getallocatedblocks()
+    try:
+        info = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return blocks, float("nan"), float("nan")
+    info.restype = _Mallinfo2
+    m = info()
+    return blocks, (m.uordblks + m.hblkhd) / 2**20, m.fordblks / 2**20
 
 
 def db_size_mb(settings: Any) -> float:
@@ -303,12 +324,14 @@ def soak_days(args: argparse.Namespace) -> None:
                     ):
                         snap0 = tracemalloc.take_snapshot()
                     samples.append((at - start, rss_mb(), fds(), threading.active_count()))
-                    if len(samples) % 24 == 1:
+                    if len(samples) % 24 == 1 or args.hourly:
                         day = (at - start) / DAY_S
+                        blocks, c_used, c_free = heap()
                         print(
                             f"day {day:4.1f}  RSS {samples[-1][1]:6.1f} MB  fds {samples[-1][2]:3d}"
                             f"  threads {samples[-1][3]:2d}  db {db_size_mb(settings):6.1f} MB"
-                            f"  ({time.monotonic() - t_real:5.0f} s real)",
+                            f"  py blocks {blocks:8d}  C heap used {c_used:6.1f} free"
+                            f" {c_free:5.1f} MB  ({time.monotonic() - t_real:5.0f} s real)",
                             flush=True,
                         )
             samples.append((clock.now - start, rss_mb(), fds(), threading.active_count()))
@@ -360,6 +383,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=60.0)
     ap.add_argument("--trace", action="store_true", help="tracemalloc: what grew")
     ap.add_argument("--days", type=float, default=0.0, help="simulated days instead of minutes")
+    ap.add_argument("--hourly", action="store_true", help="--days: print every simulated hour")
     ap.add_argument("--retention", default="2d", help="raw rows kept (storage.raw_retention)")
     args = ap.parse_args()
     parse_duration(args.retention)

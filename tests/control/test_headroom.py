@@ -9,6 +9,7 @@ from llm_watchdog.control.headroom import (
     Observation,
     describe,
     headroom_map,
+    observation_from,
     row_for,
     thermal_state,
 )
@@ -97,3 +98,19 @@ def test_a_borderline_group_is_likely_not_sure():
     obs = probes("cool", 2, 25, 0.0, rng) + probes("cool", 3, 25, 0.08, rng)
     (row,) = headroom_map(obs, TARGET)
     assert row.allowance is not None and row.confidence == "likely" and row.settle
+
+
+def test_a_stored_probe_is_judged_against_where_its_cards_clocks_fall() -> None:
+    # A GeForce card holding its 83 °C target: at 70 °C it is within 15 °C of where its
+    # clocks fall, though 23 °C under SLOWDOWN.
+    row = {
+        "ttft_ms": 300.0,
+        "batch_inflight": 4,
+        "temp_c": 70.0,
+        "sm_clock_mhz": 1980.0,
+        "sm_clock_max_mhz": 1980.0,
+        "throttle_reasons": 0,
+        "temp_slowdown_c": 93.0,
+    }
+    assert observation_from(row).state == "cool"
+    assert observation_from({**row, "temp_target_c": 83.0}).state == "warm"

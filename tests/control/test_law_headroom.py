@@ -176,3 +176,65 @@ def test_the_usual_chat_in_flight_is_found_within_a_minute_not_ten() -> None:
     assert 9.0 <= a.inputs["chat_usual_inflight"] <= 11.0
     # Grown no further than the slots less three times that: room for a burst.
     assert a.allowance_after <= 32 - 3 * 9
+
+
+def heating(temp_c: float) -> GpuState:
+    """Full clocks, no throttle bit yet, at `temp_c` of a card whose clocks fall at 90 °C."""
+    return GpuState(0, 2000.0, 2000.0, temp_c=temp_c, temp_slowdown_c=90.0)
+
+
+def test_a_card_heading_for_its_slowdown_temperature_is_cut_to_the_hot_row_before_it_gets_there():
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    c.seed_map(history())
+    now, temp = 0.0, 70.0
+    first = None
+    while temp < 90.0:
+        a = c.step(
+            ControlInput(now, (300.0,) * 3, gpu=heating(temp), batch_inflight=10, batch_queued=0)
+        )
+        if a.kind == "cut" and first is None:
+            first = (a, temp)
+        now += 1.0
+        temp += 0.25  # a fan has stopped: 15 °C a minute
+    assert first is not None, "no cut before the card reached 90 °C"
+    cut, at_c = first
+    assert cut.allowance_after == 3  # the seeded hot row
+    assert at_c < 90.0 and cut.inputs["headroom_row"].startswith("hot")
+    assert "heads for its slowdown temperature" in cut.reason
+
+
+def test_a_card_heading_for_its_slowdown_temperature_does_not_grow_into_it():
+    c = ours(default_allowance=4, app_limited_headroom=0, grow_cooldown_s=0.0)
+    now, temp = 0.0, 70.0
+    for _ in range(60):  # a minute at a steady 70 °C: chat fast, the law grows
+        c.step(ControlInput(now, (200.0,) * 3, gpu=heating(temp), batch_inflight=c.allowance))
+        now += 1.0
+    grown = c.allowance
+    assert grown > 4
+    reasons = []
+    for _ in range(40):  # rising 0.3 °C a second, from 76 towards 90: no grows, no map known
+        temp = min(89.5, temp + 0.3)
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=heating(temp), batch_inflight=c.allowance))
+        reasons.append(a.reason)
+        now += 1.0
+    assert c.allowance == grown
+    assert any("no growing into it" in r for r in reasons)
+
+
+def test_a_card_resting_just_under_its_slowdown_temperature_is_not_grown_back_to_the_cool_row():
+    # The cut took the load away and the clock came back, but the card is 2 °C under where
+    # its clocks fall: the cooler state's row would heat it straight back.
+    resting = GpuState(0, 2000.0, 2000.0, temp_c=88.0, temp_slowdown_c=90.0)
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0, heat_eta_s=0.0)
+    warm_holds = [Observation(300.0, 10, "warm")] * 200
+    c.map_samples.extend(
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state)
+        for i, o in enumerate(history() + warm_holds)
+    )
+    cut, now = cool_then_hot(c, 1000.0)
+    assert cut is not None and cut.allowance_after == 3
+    for _ in range(60):
+        c.step(ControlInput(now, (200.0,) * 3, gpu=resting, batch_inflight=c.allowance))
+        now += 1.0
+    assert c.map_grow_to is None
+    assert c.allowance < 10

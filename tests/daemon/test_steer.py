@@ -262,3 +262,24 @@ def test_a_restarted_daemon_starts_its_headroom_map_from_its_engines_stored_prob
     assert 600 < len(prior) < 720  # this engine's two hours, none of the other's
     rows = {r.state: r for r in headroom_map(prior, 1000.0)}
     assert (rows["cool"].allowance, rows["hot"].allowance) == (6, 3)
+
+
+def test_the_law_judges_heat_against_where_the_cards_clocks_fall(store):
+    from llm_watchdog.models import GpuSample
+
+    clock = FakeClock(1000.0)
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8)
+    steer = Steer(cfg, LyingActuator(), store, clock=clock, monotonic=clock)
+    seen: list = []
+    step = steer.law.step
+    steer.law.step = lambda inp: seen.append(inp.gpu) or step(inp)  # type: ignore[method-assign]
+    sample = GpuSample(
+        ts=1000.0, gpu_index=0, temp_c=75.0, sm_clock_mhz=1900.0, sm_clock_max_mhz=1900.0,
+        throttle_reasons=0, temp_slowdown_c=93.0, temp_target_c=83.0,
+    )  # fmt: skip
+    steer.gpu(sample, onset_c=83.0)  # a GeForce card holding its 83 °C target
+    steer.step()
+    steer.gpu(sample)  # nothing known but NVML's SLOWDOWN
+    steer.step()
+    assert [g.temp_slowdown_c for g in seen] == [83.0, 93.0]
+    assert [g.state for g in seen] == ["warm", "cool"]

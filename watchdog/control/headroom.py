@@ -19,12 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llm_watchdog.nvml.thresholds import throttle_onset
 from llm_watchdog.nvml.throttle import GPU_IDLE, THERMAL_MASK
 from llm_watchdog.stats import binom_sf, normal_cdf, quantile
 
 STATES = ("cool", "warm", "hot", "no-gpu")
 # Bands (docs/control.md): a clock under 90 % of its maximum, or a thermal slowdown bit, is
-# hot; under 97 %, or within 15 °C of the slowdown temperature, is warm. A power-cap bit alone
+# hot; under 97 %, or within 15 °C of where slowdown begins (the throttle onset: the lowest
+# of the target temperature, GPU_MAX and SLOWDOWN), is warm. A power-cap bit alone
 # is not a state: prefill spikes flick it on a cool card, and a cap that holds the clock down
 # shows in the clock.
 HOT_CLOCK_RATIO = 0.90
@@ -270,6 +272,16 @@ def describe(row: StateRow) -> str:
     return text
 
 
+def onset_c(row: dict[str, Any]) -> float | None:
+    """Where the clocks of the GPU behind a stored sample start to fall for heat: the lower
+    of its target temperature and SLOWDOWN (GPU_MAX and a learned threshold are not kept per
+    sample; nvml/thresholds.py has the whole rule)."""
+    onset = throttle_onset(
+        target_c=row.get("temp_target_c"), gpu_max_c=None, slowdown_c=row.get("temp_slowdown_c")
+    )
+    return onset.temp_c if onset else None
+
+
 def observation_from(row: dict[str, Any]) -> Observation:
     """An Observation from a probe row joined with its GPU sample
     (`llm_watchdog.store.headroom.probe_states`)."""
@@ -281,7 +293,7 @@ def observation_from(row: dict[str, Any]) -> Observation:
             sm_clock_mhz=clock,
             sm_clock_max_mhz=top,
             temp_c=row.get("temp_c"),
-            temp_slowdown_c=row.get("temp_slowdown_c"),
+            temp_slowdown_c=onset_c(row),
             reasons=row.get("throttle_reasons"),
         ),
         temp_c=row.get("temp_c"),

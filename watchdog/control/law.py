@@ -86,6 +86,7 @@ from typing import Any
 
 from llm_watchdog.control.headroom import (
     STATES,
+    WARM_MARGIN_C,
     Observation,
     StateRow,
     describe,
@@ -101,6 +102,9 @@ KINDS = ("cut", "halve", "grow", "hold", "freeze")
 # Earlier days' chat kept per (thermal state, batch level) for the headroom map: enough for a
 # sure verdict at 5 % over the target, and a bound on memory whatever the history holds.
 MAP_PRIOR_PER_CELL = 400
+# The temperature's pace is read over this long: long enough that a prefill spike's degree
+# is not a trend, short enough that a fan stopping shows within a minute.
+HEAT_PACE_S = 60.0
 FREEZE_MODES = ("throttled", "falling", "off")
 
 
@@ -154,6 +158,12 @@ class ControlConfig:
     headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
     headroom_dwell_s: float = 10.0  # a thermal state counts once it has held this long
     headroom_memory_s: float = 4 * 3600.0  # samples the map is learned from
+    # A move into a cooler state grows back to its row only this far below the slowdown
+    # temperature: a card resting just under it has cooled because the cut unloaded it.
+    headroom_cool_margin_c: float = 5.0
+    # The card heads for where its clocks fall (rising, and at this pace there within this
+    # long): no growing into it, and a cut to the map's hot row where the map knows it.
+    heat_eta_s: float = 120.0  # 0: off
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -198,6 +208,8 @@ class ControlConfig:
             "surge_cap_retest_s",
             "headroom_dwell_s",
             "headroom_memory_s",
+            "headroom_cool_margin_c",
+            "heat_eta_s",
         ):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
@@ -226,6 +238,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         surge_heat_factor=1.0,
         surge_cap_retest_s=0.0,
         headroom=False,
+        heat_eta_s=0.0,
     )
 
 
@@ -356,6 +369,7 @@ class AllowanceController:
         self.map_grow_row: str | None = None  # ... and that row, as text
         self.map_used: str | None = None  # the row the last map decision used
         self.map_prior: list[Observation] = []  # earlier days' chat (seed_map)
+        self.temps: deque[tuple[float, float]] = deque()  # (now_s, °C) of the last minute
 
     def seed_map(self, observations: Iterable[Observation]) -> int:
         """Earlier days' chat for the headroom map, each measured under a known load and card
@@ -508,7 +522,12 @@ class AllowanceController:
         moved = self._map_observe(inp, values)
         map_cut: StateRow | None = None
         if moved is not None:
-            map_cut = self._map_move(moved, level)
+            map_cut = self._map_move(moved, level, inp.gpu)
+        eta = self._heat_eta(inp)
+        if eta is not None and map_cut is None:
+            ahead = self._map_row("hot")
+            if ahead is not None and ahead.bound in ("exact", "at most"):
+                map_cut = ahead
         if inp.chat_inflight is not None and not surge:
             # The usual chat concurrency, learned outside surges over the same time as the
             # usual arrival rate: what a burst multiplies.
@@ -575,7 +594,12 @@ class AllowanceController:
             # that state takes; cut before chat slows, not after.
             kind, after = "cut", max(c.floor, map_cut.allowance)
             self.map_used = describe(map_cut)
-            why = f"the card is now {map_cut.state}; headroom row: {self.map_used}"
+            now = (
+                f"the card is now {map_cut.state}"
+                if eta is None
+                else f"the card heads for its slowdown temperature in ~{eta:.0f} s"
+            )
+            why = f"{now}; headroom row: {self.map_used}"
         elif shed_to is not None and level > shed_to:
             # Little's law: chat's share of the engine grows with its arrival rate; shed
             # batch in proportion before the queue shows it.
@@ -593,6 +617,8 @@ class AllowanceController:
             why = f"p95≈{est:.0f} ms low, in cooldown after the last change"
         elif surge:
             why = "chat still arriving faster than usual: no probing upward"
+        elif eta is not None and not self._map_grow_pending(level):
+            why = f"the card heads for its slowdown temperature in ~{eta:.0f} s: no growing into it"
         elif heat_not_load:
             why = "chat arrivals up under a thermal slowdown: read as heat, not load"
         else:
@@ -726,21 +752,63 @@ class AllowanceController:
         before, self.map_state = self.map_state, state
         return None if before is None else (before, state)
 
-    def _map_move(self, moved: tuple[str, str], level: int) -> StateRow | None:
+    def _heat_eta(self, inp: ControlInput) -> float | None:
+        """Seconds until the card reaches where its clocks fall, at the pace of the last
+        minute (0 once there); None unless it is within WARM_MARGIN_C of it and rising to it
+        within `heat_eta_s`, or once a thermal slowdown bit says the heat has arrived."""
+        c, gpu = self.config, inp.gpu
+        if c.heat_eta_s <= 0 or gpu is None or gpu.temp_c is None:
+            return None
+        self.temps.append((inp.now_s, gpu.temp_c))
+        while self.temps and self.temps[0][0] < inp.now_s - HEAT_PACE_S:
+            self.temps.popleft()
+        onset = gpu.temp_slowdown_c
+        if onset is None or gpu.has(THERMAL_MASK) or gpu.temp_c < onset - WARM_MARGIN_C:
+            return None
+        if gpu.temp_c >= onset:
+            return 0.0  # there, and the driver has not pulled the clock yet
+        t0, temp0 = self.temps[0]
+        if inp.now_s - t0 < HEAT_PACE_S / 2:
+            return None
+        pace = (gpu.temp_c - temp0) / (inp.now_s - t0)  # °C/s
+        if pace <= 0:
+            return None
+        eta = (onset - gpu.temp_c) / pace
+        return eta if eta <= c.heat_eta_s else None
+
+    def _map_grow_pending(self, level: int) -> bool:
+        return self.map_grow_to is not None and self.map_grow_to > level
+
+    def _map_row(self, state: str) -> StateRow | None:
+        """The map's row for `state`, where it is sure or fairly sure of an answer."""
+        obs = self.map_prior + [Observation(v, n, st) for _, v, n, st in self.map_samples]
+        row = next(
+            (r for r in headroom_map(obs, self.config.target_p95_ms) if r.state == state), None
+        )
+        if row is None or row.allowance is None or row.confidence == "not enough data":
+            return None
+        return row
+
+    def _map_move(
+        self, moved: tuple[str, str], level: int, gpu: GpuState | None
+    ) -> StateRow | None:
         """On a move to a hotter state, the row to cut to; on a move to a cooler one, set
         what to grow back to. Only rows the map is sure or fairly sure of count."""
         before, after = moved
         if before not in STATES or after not in STATES:
             return None
-        obs = self.map_prior + [Observation(v, n, st) for _, v, n, st in self.map_samples]
-        row = next(
-            (r for r in headroom_map(obs, self.config.target_p95_ms) if r.state == after), None
-        )
-        if row is None or row.allowance is None or row.confidence == "not enough data":
+        row = self._map_row(after)
+        if row is None or row.allowance is None:
             return None
         if STATES.index(after) > STATES.index(before):
             if row.bound in ("exact", "at most") and row.allowance < level:
                 return row
+            return None
+        if self._resting_at_limit(gpu):
+            # The clock came back because the cut took the load away, not because the card
+            # cooled: growing to the cooler row heats it straight back into slowdown
+            # (hr-fans-stall-twice: 0 → 12 → cuts to 0, every two minutes, while the fans
+            # were stalled).
             return None
         if row.bound in ("exact", "at least") and row.allowance > level:
             self.map_grow_to = row.allowance
@@ -749,6 +817,11 @@ class AllowanceController:
             self.frozen_ceiling = None
             self.settled_since_s = None
         return None
+
+    def _resting_at_limit(self, gpu: GpuState | None) -> bool:
+        if gpu is None or gpu.temp_c is None or gpu.temp_slowdown_c is None:
+            return False
+        return gpu.temp_c > gpu.temp_slowdown_c - self.config.headroom_cool_margin_c
 
     def _chat_as_usual(self, inp: ControlInput) -> bool:
         """Chat arrives and runs as usual again: the surge is over, not just learned as usual.

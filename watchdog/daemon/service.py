@@ -420,7 +420,9 @@ class Daemon:
                         learned[1],
                     )
             if self.steer is not None:
-                self.steer.gpu(self.serving_gpu())
+                serving = self.serving_gpu()
+                onset = self.onset(serving)
+                self.steer.gpu(serving, onset.temp_c if onset else None)
         for ev in events:
             log.warning("GPU telemetry: %s %s", ev.kind, ev.detail)
             self.store.record_gpu_event(ev)

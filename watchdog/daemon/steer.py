@@ -91,6 +91,7 @@ class Steer:
         self._canary_ttfts: deque[float] = deque(maxlen=1000)
         self._failed_canaries = 0
         self._gpu: GpuSample | None = None
+        self._onset_c: float | None = None
         self._pending: tuple[float, int, int] | None = None  # (check at, row id, allowance)
         self._last_write_s: float | None = None
         self._last_hold_record_s = -1e18
@@ -116,8 +117,11 @@ class Steer:
             ):
                 self._failed_canaries += 1
 
-    def gpu(self, sample: GpuSample | None) -> None:
+    def gpu(self, sample: GpuSample | None, onset_c: float | None = None) -> None:
+        """The GPU the engine runs on, and where its clocks start to fall for heat (the
+        lowest of its target, GPU_MAX and SLOWDOWN, nvml/thresholds.py); None: SLOWDOWN."""
         self._gpu = sample
+        self._onset_c = onset_c
 
     def seed_headroom(self, fingerprint_id: str | None) -> int:
         """Start the law's headroom map from this engine's stored probes of the last week, so
@@ -207,7 +211,7 @@ class Steer:
                 g.sm_clock_mhz,
                 g.sm_clock_max_mhz,
                 temp_c=g.temp_c,
-                temp_slowdown_c=g.temp_slowdown_c,
+                temp_slowdown_c=self._onset_c if self._onset_c is not None else g.temp_slowdown_c,
             )
             if g is not None
             else None

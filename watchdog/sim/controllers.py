@@ -47,6 +47,9 @@ class ControllerContext:
     slo_ttft_ms: float
     max_allowance: int  # the batch job's demand at the start (a sensible ceiling)
     engine_max_running: int
+    # Where the card's clocks start to fall for heat (the lower of its target temperature
+    # and GPU_MAX), as the daemon finds it from NVML's thresholds (nvml/thresholds.py).
+    temp_onset_c: float | None = None
 
 
 class Controller(Protocol):

@@ -48,9 +48,12 @@ class Stepper(Protocol):
 class SimController:
     """Any `step(ControlInput)` controller as a heat-lab controller."""
 
-    def __init__(self, inner: Stepper, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, inner: Stepper, interval_s: float = INTERVAL_S, onset_c: float | None = None
+    ) -> None:
         self.inner = inner
         self.interval_s = interval_s
+        self.onset_c = onset_c  # where the clocks start to fall (None: NVML's SLOWDOWN)
         self.actions: list[ControlAction] = []
 
     def decide(self, now_s: float, obs: Observation) -> int | None:
@@ -63,7 +66,7 @@ class SimController:
                 g.sm_clock_mhz,
                 g.sm_clock_max_mhz,
                 temp_c=g.temp_c,
-                temp_slowdown_c=g.temp_slowdown_c,
+                temp_slowdown_c=self.onset_c if self.onset_c is not None else g.temp_slowdown_c,
             ),
             batch_inflight=obs.batch_inflight,
             allowance=obs.allowance,
@@ -155,23 +158,31 @@ def _config(
 
 
 def ours(arg: str | None, ctx: ControllerContext) -> SimController:
-    return SimController(AllowanceController(_config(ctx, arg, "ours")))
+    return SimController(AllowanceController(_config(ctx, arg, "ours")), onset_c=ctx.temp_onset_c)
 
 
 def design(arg: str | None, ctx: ControllerContext) -> SimController:
     plain = dataclasses.asdict(design_law(sim_config(ctx)))
     off = {k: plain[k] for k in ADDITIONS}
-    return SimController(AllowanceController(_config(ctx, arg, "design", off)))
+    return SimController(
+        AllowanceController(_config(ctx, arg, "design", off)), onset_c=ctx.temp_onset_c
+    )
 
 
 def aimd(arg: str | None, ctx: ControllerContext) -> SimController:
     interval = _number(arg, "aimd", 10.0, "an interval in seconds, e.g. aimd:10")
-    return SimController(AimdController(sim_config(ctx)), interval_s=interval)
+    return SimController(
+        AimdController(sim_config(ctx)), interval_s=interval, onset_c=ctx.temp_onset_c
+    )
 
 
 def gradient2(arg: str | None, ctx: ControllerContext) -> SimController:
     queue = _number(arg, "gradient2", 4.0, "a queue size, e.g. gradient2:4")
-    return SimController(Gradient2Controller(sim_config(ctx), queue_size=queue), interval_s=1.0)
+    return SimController(
+        Gradient2Controller(sim_config(ctx), queue_size=queue),
+        interval_s=1.0,
+        onset_c=ctx.temp_onset_c,
+    )
 
 
 def _number(arg: str | None, name: str, default: float, what: str) -> float:

@@ -179,7 +179,9 @@ def run_virtual(
         )
     world = World(scenario, seed=seed, thermal=thermal)
     world.ramp.per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
-    ctx = ControllerContext(slo, scenario.batch.streams, scenario.engine.max_running_seqs)
+    ctx = ControllerContext(
+        slo, scenario.batch.streams, scenario.engine.max_running_seqs, scenario.gpu.sw_hold_c
+    )
     ctl = make_controller(controller, ctx) if isinstance(controller, str) else controller
     ctl_name = controller if isinstance(controller, str) else type(controller).__name__
     overhead_s = scenario.engine.request_overhead_ms / 1000.0

@@ -15,7 +15,8 @@ MAX_SAMPLE_AGE_S = 30.0
 
 _SQL = """
 SELECT p.ts, p.ttft_ms, p.batch_inflight, p.batch_allowance,
-       g.temp_c, g.sm_clock_mhz, g.sm_clock_max_mhz, g.throttle_reasons, g.temp_slowdown_c
+       g.temp_c, g.sm_clock_mhz, g.sm_clock_max_mhz, g.throttle_reasons, g.temp_slowdown_c,
+       g.temp_target_c
 FROM probes p
 LEFT JOIN gpu_samples g ON g.id = (
     SELECT s.id FROM gpu_samples s
