@@ -57,9 +57,11 @@ DAY_S = 86400.0
 BASE_DELAY_S = 0.008  # the engine's first-token delay on a cool, idle card
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """Resident memory, MB. RssAnon is the heap and stacks; RSS also counts pages of mapped
+    files (code, libraries), which grow as code paths first run and are no leak."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -170,7 +172,7 @@ def lab_cards(engine: Engine, clock: Any) -> tuple[FakeNvml, list[StandaloneDevi
 
 def soak_minutes(args: argparse.Namespace) -> None:
     if args.trace:
-        tracemalloc.start(8)
+        tracemalloc.start(args.trace_frames)
     engine = Engine(0.02)
     with tempfile.TemporaryDirectory() as tmp, rig(
         tmp, engine,
@@ -217,7 +219,7 @@ def soak_minutes(args: argparse.Namespace) -> None:
         print("grew most (tracemalloc, since the end of the warm-up):")
         for stat in snap1.compare_to(snap0, "traceback")[:8]:
             print(f"  {stat.size_diff / 1024:+8.1f} KiB  {stat.count_diff:+6d} blocks")
-            for line in stat.traceback.format()[-6:]:
+            for line in stat.traceback.format()[-2 * args.trace_frames :]:
                 print("     ", line)
 
 
@@ -273,7 +275,7 @@ class Week:
 
 def soak_days(args: argparse.Namespace) -> None:
     if args.trace:
-        tracemalloc.start(8)
+        tracemalloc.start(args.trace_frames)
     snap0 = None
     start = float(int(time.time() // DAY_S) * DAY_S)  # midnight UTC today: hours read plainly
     clock = VirtualClock(start)
@@ -300,6 +302,7 @@ def soak_days(args: argparse.Namespace) -> None:
         heapq.heapify(due)
         end = start + args.days * DAY_S
         samples: list[tuple[float, float, int, int]] = []
+        anon: list[tuple[float, float]] = []
         next_sample = start
         t_real = time.monotonic()
         cpu0 = time.process_time()
@@ -324,17 +327,20 @@ def soak_days(args: argparse.Namespace) -> None:
                     ):
                         snap0 = tracemalloc.take_snapshot()
                     samples.append((at - start, rss_mb(), fds(), threading.active_count()))
+                    anon.append((at - start, rss_mb("RssAnon")))
                     if len(samples) % 24 == 1 or args.hourly:
                         day = (at - start) / DAY_S
                         blocks, c_used, c_free = heap()
                         print(
-                            f"day {day:4.1f}  RSS {samples[-1][1]:6.1f} MB  fds {samples[-1][2]:3d}"
+                            f"day {day:4.1f}  RSS {samples[-1][1]:6.1f} MB"
+                            f" (anon {anon[-1][1]:5.1f})  fds {samples[-1][2]:3d}"
                             f"  threads {samples[-1][3]:2d}  db {db_size_mb(settings):6.1f} MB"
                             f"  py blocks {blocks:8d}  C heap used {c_used:6.1f} free"
                             f" {c_free:5.1f} MB  ({time.monotonic() - t_real:5.0f} s real)",
                             flush=True,
                         )
             samples.append((clock.now - start, rss_mb(), fds(), threading.active_count()))
+            anon.append((clock.now - start, rss_mb("RssAnon")))
             snap1 = tracemalloc.take_snapshot() if args.trace else None
             alerts.flush(timeout_s=5.0)
             counts = {
@@ -369,11 +375,16 @@ def soak_days(args: argparse.Namespace) -> None:
         + " MB"
     )
     report(samples, warm[0], "day", DAY_S)
+    a0 = next(a for a in anon if a[0] >= warm[0][0])
+    print(
+        f"                  of it anonymous (heap): {a0[1]:.1f} -> {anon[-1][1]:.1f} MB "
+        f"({anon[-1][1] - a0[1]:+.1f} MB)"
+    )
     if snap0 is not None and snap1 is not None:
         print("grew most (tracemalloc, since the end of the warm-up):")
         for stat in snap1.compare_to(snap0, "traceback")[:8]:
             print(f"  {stat.size_diff / 1024:+8.1f} KiB  {stat.count_diff:+6d} blocks")
-            for line in stat.traceback.format()[-6:]:
+            for line in stat.traceback.format()[-2 * args.trace_frames :]:
                 print("     ", line)
 
 
@@ -382,6 +393,10 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=60.0)
     ap.add_argument("--trace", action="store_true", help="tracemalloc: what grew")
+    ap.add_argument(
+        "--trace-frames", type=int, default=1,
+        help="--trace: frames kept per allocation (1 is the line; more is slower)",
+    )  # fmt: skip
     ap.add_argument("--days", type=float, default=0.0, help="simulated days instead of minutes")
     ap.add_argument("--hourly", action="store_true", help="--days: print every simulated hour")
     ap.add_argument("--retention", default="2d", help="raw rows kept (storage.raw_retention)")
