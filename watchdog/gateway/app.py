@@ -26,6 +26,7 @@ from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
 from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import Observer, metrics_registry
+from llm_watchdog.gateway.protocol import is_own_path
 from llm_watchdog.gateway.proxy import Proxy, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
 
@@ -324,6 +325,3 @@ class GatewayApp(Starlette):
         else:
             await super().__call__(scope, receive, send)
 
-
-def is_own_path(path: str) -> bool:
-    return path == "/metrics" or path == "/control" or path.startswith("/control/")

@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from llm_watchdog.gateway.config import GatewayConfig
+
+if TYPE_CHECKING:
+    from llm_watchdog.gateway.app import Gateway
+    from llm_watchdog.gateway.direct import Exchange
 
 # The scope extension holding a connection's ClientGone; the proxy waits on it instead of
 # running a task per request that waits for ASGI's http.disconnect.
@@ -49,6 +58,11 @@ class ClientGone:
             callback()
 
 
+def is_own_path(path: str) -> bool:
+    """The gateway's own paths (control API, metrics); every other path is proxied."""
+    return path == "/metrics" or path == "/control" or path.startswith("/control/")
+
+
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
     error = {"message": message, "type": "gateway_error", "param": None, "code": code}
     body = json.dumps({"error": error}).encode()
@@ -63,8 +77,15 @@ def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) ->
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
-    """A protocol class carrying `config`'s limits (uvicorn builds one per connection)."""
+def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[HttpToolsProtocol]:
+    """A protocol class carrying `config`'s limits (uvicorn builds one per connection).
+
+    With `gateway`, proxied requests take the direct path (direct.py) and only the
+    gateway's own paths go through ASGI; without, every request does.
+    """
+    # Here, not at the top: direct.py imports proxy.py, which imports this module.
+    from llm_watchdog.gateway import direct
+
     header_s, body_s, limit = config.header_timeout_s, config.body_timeout_s, config.max_connections
     too_slow_head = _answer(
         408,
@@ -92,21 +113,71 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
     class GatewayProtocol(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
         _refused = False
+        _gone: ClientGone | None = None  # made only for a request that goes through ASGI
+        # The direct path (direct.py): the request whose body the parser reads now, the one
+        # answered now, and what waits behind it (pipelined: Exchanges, and ASGI cycles with
+        # their app), in order.
+        _parsing: Exchange | None = None
+        _active: Exchange | None = None
+        _waiting: deque[Exchange | tuple[Any, Any]] | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._gone = ClientGone()
+            # uvicorn's own reads both socket addresses here, for every connection; only an
+            # ASGI scope needs them, so they are read when one is built (_build_scope).
+            self.connections.add(self)
+            self.transport = transport
+            self.flow = FlowControl(transport)
+            self.scheme = "https" if is_ssl(transport) else "http"
             self._arm(header_s, too_slow_head)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
-            self._gone.fire()
+            if self._gone is not None:
+                self._gone.fire()
+            for exchange in self._exchanges():
+                exchange.client_gone()
+            self._parsing = self._active = None
+            self._waiting = None
+
+        def _exchanges(self) -> list[Exchange]:
+            found = [e for e in (self._parsing, self._active) if e is not None]
+            if self._waiting:
+                found += [e for e in self._waiting if isinstance(e, direct.Exchange)]
+            return found
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            # uvicorn's builds the ASGI scope here; the direct path needs none, so it is
+            # built once the path says the request goes through ASGI.
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
+            self._parsing = None
             if self._timer is None:  # a kept-alive connection's next request
                 self._arm(header_s, too_slow_head)
+
+        def _build_scope(self) -> None:
+            if self.server is None:
+                self.server = get_local_addr(self.transport)
+                self.client = get_remote_addr(self.transport)
+            self.scope = {  # type: ignore[typeddict-item]
+                "type": "http",
+                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                "http_version": "1.1",
+                "server": self.server,
+                "client": self.client,
+                "scheme": self.scheme,  # type: ignore[typeddict-item]
+                "root_path": self.root_path,
+                "headers": self.headers,
+                "state": self.app_state.copy(),
+                # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ...}}.
+                "extensions": {CLIENT_GONE: {"watch": self._watch()}},
+            }
+
+        def _watch(self) -> ClientGone:
+            if self._gone is None:
+                self._gone = ClientGone()
+            return self._gone
 
         def on_headers_complete(self) -> None:
             self._disarm()
@@ -115,18 +186,145 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 self.transport.write(too_many)
                 self.transport.close()
                 return
-            # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ClientGone}}.
-            self.scope["extensions"] = {CLIENT_GONE: {"watch": self._gone}}
+            if gateway is not None and self._direct(gateway):
+                self._arm(body_s, too_slow_body)
+                return
+            self._build_scope()
+            if (self._active is not None or self._waiting) and (
+                self.cycle is None or self.cycle.response_complete
+            ):
+                # Behind a direct answer: uvicorn queues this cycle as it would behind one
+                # of its own, and it is moved to the line below.
+                self.cycle = _Placeholder()  # type: ignore[assignment]
             super().on_headers_complete()
+            if self.pipeline:
+                self._enqueue(self.pipeline.pop())
             self._arm(body_s, too_slow_body)
 
+        def _direct(self, gw: Gateway) -> bool:
+            """Hand a proxied request to the direct path; False leaves it to ASGI."""
+            parser = self.parser
+            if self.expect_100_continue or parser.should_upgrade():
+                return False
+            if parser.get_http_version() != "1.1":
+                return False  # 1.0's framing and keep-alive rules stay uvicorn's
+            url = self.url
+            raw_path, _, query = url.partition(b"?")
+            if raw_path[:1] != b"/" or b"#" in url:
+                return False  # absolute form or a fragment: uvicorn's URL parser reads it
+            try:
+                path = raw_path.decode("ascii")
+            except UnicodeDecodeError:
+                return False
+            if "%" in path:
+                path = unquote(path)
+            if is_own_path(path):
+                return False
+            exchange = direct.Exchange(
+                self,
+                gw,
+                parser.get_method().decode("ascii"),
+                raw_path + b"?" + query if query else raw_path,
+                path,
+                self.headers,
+                parser.should_keep_alive(),
+            )
+            self._parsing = exchange
+            if self._active is None and not self._waiting and (
+                self.cycle is None or self.cycle.response_complete
+            ):
+                self._unset_keepalive_if_required()
+                self._active = exchange
+                exchange.start()
+            else:
+                self._enqueue(exchange)
+            return True
+
+        def _enqueue(self, item: Exchange | tuple[Any, Any]) -> None:
+            # Pipelined: what this client sends next is not read until the answers before
+            # it are out (as uvicorn does for its own pipeline).
+            if self._waiting is None:
+                self._waiting = deque()
+            self._waiting.append(item)
+            self.flow.pause_reading()
+
+        def _next(self) -> None:
+            """The answer on this connection is out: start the next request, or wait."""
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            waiting = self._waiting
+            if waiting:
+                item = waiting.popleft()
+                if isinstance(item, direct.Exchange):
+                    self._active = item
+                    item.start()
+                else:
+                    self._start_asgi_task(*item)
+                return
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        # -- what an Exchange needs of its connection ---------------------------------
+
+        def default_headers(self) -> list[tuple[bytes, bytes]]:
+            return self.server_state.default_headers
+
+        def exchange_done(self, exchange: Exchange) -> None:
+            self.server_state.total_requests += 1
+            if self._active is exchange:
+                self._active = None
+            if not exchange.keep_alive:
+                self.transport.close()
+            elif not self.transport.is_closing():
+                self._next()
+
+        def track(self, task: asyncio.Task[None]) -> None:
+            # Counted with uvicorn's tasks: past the grace time at shutdown it cancels them.
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+        def on_response_complete(self) -> None:
+            # An ASGI answer is out; uvicorn's pipeline is this protocol's line (_waiting).
+            self.server_state.total_requests += 1
+            if not self.transport.is_closing():
+                self._next()
+
+        def shutdown(self) -> None:
+            active = self._active
+            if active is not None and not active.finished:
+                active.keep_alive = False  # the connection closes once this answer is out
+                return
+            super().shutdown()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._active is not None:
+                self._active.pause()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._active is not None:
+                self._active.resume()
+
         def on_body(self, body: bytes) -> None:
-            if not self._refused:
+            if self._refused:
+                return
+            exchange = self._parsing
+            if exchange is not None:
+                exchange.on_body(body)
+            else:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._disarm()
-            if not self._refused:
+            if self._refused:
+                return
+            exchange = self._parsing
+            if exchange is not None:
+                self._parsing = None
+                exchange.on_body_end()
+            else:
                 super().on_message_complete()
 
         def _arm(self, delay_s: float, answer: bytes) -> None:
@@ -142,6 +340,12 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
+            for exchange in (self._parsing, self._active):
+                if exchange is not None and not exchange.finished:
+                    if exchange.answered:  # too late for a status: just close
+                        self.transport.close()
+                        return
+                    exchange.client_gone()  # nothing of it reached the engine
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 if cycle.response_started:  # too late for a status: just close
@@ -150,8 +354,24 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 # The app waits on the body: it sees the client gone, and writes nothing.
                 cycle.disconnected = True
                 cycle.message_event.set()
-                self._gone.fire()
+                if self._gone is not None:
+                    self._gone.fire()
             self.transport.write(answer)
             self.transport.close()
 
     return GatewayProtocol
+
+
+class _Placeholder:
+    """Stands for an answer in progress on the direct path while uvicorn decides whether a
+    new ASGI cycle must wait (it waits behind a cycle not complete)."""
+
+    response_complete = False
+    response_started = True
+    disconnected = False
+    keep_alive = True
+
+    class message_event:  # noqa: N801 - uvicorn sets it on connection_lost
+        @staticmethod
+        def set() -> None:
+            pass
