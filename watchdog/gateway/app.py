@@ -26,8 +26,7 @@ from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
 from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import Observer, metrics_registry
-from llm_watchdog.gateway.protocol import is_own_path
-from llm_watchdog.gateway.proxy import Proxy, retry_after_from
+from llm_watchdog.gateway.proxy import Proxy, is_own_path, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
 
 log = logging.getLogger("llm_watchdog.gateway")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from llm_watchdog.gateway.observe import model_of
+from llm_watchdog.gateway.observe import ClassStats, model_of
 from llm_watchdog.gateway.proxy import (
     DONE,
     STREAM_TYPES,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("llm_watchdog.gateway")
 
 _TERMINATOR = b"0\r\n\r\n"
+_NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared, never added to
 
 
 class Client(Protocol):
@@ -110,6 +111,7 @@ class Exchange:
         "last",
         "paused",
         "loop",
+        "stats",
     )
 
     def __init__(
@@ -160,6 +162,7 @@ class Exchange:
         self.last = 0.0
         self.paused = False
         self.loop = asyncio.get_running_loop()
+        self.stats: ClassStats | None = None
 
     # -- the request, from the client's parser -------------------------------------------
 
@@ -209,7 +212,7 @@ class Exchange:
         self.parts = []
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         cls = self.cls
-        stats = gw.observer[cls]
+        self.stats = stats = gw.observer[cls]
         stats.requests += 1
         self.started = True
         # Only a POST asks the engine for work (a completion, an embedding); listing models
@@ -269,6 +272,7 @@ class Exchange:
         self.data = upstream.request_bytes(
             self.method, self.target, forward_headers(self.headers), self.body
         )
+        self.headers = _NO_HEADERS  # all the rest needs is in `data`
         self.sent = self.gw.clock()
         conn = upstream.take_idle()
         if conn is None:
@@ -337,7 +341,7 @@ class Exchange:
                     self._release(False)
                     # A kept-alive connection the engine closed just as it was taken fails
                     # like this, before any answer (docs/probe.md); once more on a fresh one.
-                    if self.reused and self.attempt == 1:
+                    if self.reused and self.attempt == 1 and not upstream.closing:
                         self.attempt = 2
                         self._run(self._connect())
                         return
@@ -345,21 +349,25 @@ class Exchange:
                 return
             out.append(self._head(conn))
             self.answered = True
-            self.data = b""
+            self.data = b""  # no second try once an answer came
+            if not self.streamed:
+                self.body = b""  # kept only to name the model beside the TTFT
             self._arm(upstream.read_timeout_s)
         parts = conn.body
         if parts:
             conn.body = []
             chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+            stats = self.stats
+            assert stats is not None
             if self.streamed:
                 if not self.chunks:
                     gw = self.gw
-                    stats = gw.observer[self.cls]
                     stats.record_ttft(gw.wall(), gw.clock() - self.sent, model_of(self.body))
+                    self.body = b""
                 if chunk.endswith(DONE):
                     self.done_seen = True
             self.chunks += 1
-            self.gw.observer[self.cls].chunks += 1
+            stats.chunks += 1
             if self.chunked:
                 out += (b"%x\r\n" % len(chunk), chunk, b"\r\n")
             elif not self.head_only:

@@ -9,6 +9,12 @@ in front of a GPU needs.
 
 uvicorn's own `limit_concurrency` answers a bare "Service Unavailable" and counts tasks as
 well as connections; uvicorn has no header or body timeout.
+
+A proxied request leaves uvicorn's path once its headers are parsed: an `Exchange`
+(direct.py) answers it from this protocol's callbacks, with no ASGI scope, request cycle or
+task. The gateway's own paths (`is_own_path`), HTTP/1.0, `Expect: 100-continue` and
+upgrades go through ASGI as uvicorn runs it. Pipelined requests of both kinds wait in one
+line (`_waiting`), so answers leave in the order the requests came.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -25,43 +30,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from llm_watchdog.gateway.config import GatewayConfig
+from llm_watchdog.gateway.direct import Exchange
+from llm_watchdog.gateway.proxy import CLIENT_GONE, ClientGone, is_own_path
 
 if TYPE_CHECKING:
     from llm_watchdog.gateway.app import Gateway
-    from llm_watchdog.gateway.direct import Exchange
-
-# The scope extension holding a connection's ClientGone; the proxy waits on it instead of
-# running a task per request that waits for ASGI's http.disconnect.
-CLIENT_GONE = "llm_watchdog.client_gone"
-
-
-class ClientGone:
-    """Calls its callbacks once, when the client's connection is lost."""
-
-    __slots__ = ("gone", "_callbacks")
-
-    def __init__(self) -> None:
-        self.gone = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def add(self, callback: Callable[[], None]) -> None:
-        self._callbacks.append(callback)
-
-    def remove(self, callback: Callable[[], None]) -> None:
-        if callback in self._callbacks:
-            self._callbacks.remove(callback)
-
-    def fire(self) -> None:
-        self.gone = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-
-def is_own_path(path: str) -> bool:
-    """The gateway's own paths (control API, metrics); every other path is proxied."""
-    return path == "/metrics" or path == "/control" or path.startswith("/control/")
-
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
     error = {"message": message, "type": "gateway_error", "param": None, "code": code}
@@ -83,9 +56,6 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
     With `gateway`, proxied requests take the direct path (direct.py) and only the
     gateway's own paths go through ASGI; without, every request does.
     """
-    # Here, not at the top: direct.py imports proxy.py, which imports this module.
-    from llm_watchdog.gateway import direct
-
     header_s, body_s, limit = config.header_timeout_s, config.body_timeout_s, config.max_connections
     too_slow_head = _answer(
         408,
@@ -143,7 +113,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
         def _exchanges(self) -> list[Exchange]:
             found = [e for e in (self._parsing, self._active) if e is not None]
             if self._waiting:
-                found += [e for e in self._waiting if isinstance(e, direct.Exchange)]
+                found += [e for e in self._waiting if isinstance(e, Exchange)]
             return found
 
         def on_message_begin(self) -> None:
@@ -220,7 +190,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
                 path = unquote(path)
             if is_own_path(path):
                 return False
-            exchange = direct.Exchange(
+            exchange = Exchange(
                 self,
                 gw,
                 parser.get_method().decode("ascii"),
@@ -255,7 +225,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             waiting = self._waiting
             if waiting:
                 item = waiting.popleft()
-                if isinstance(item, direct.Exchange):
+                if isinstance(item, Exchange):
                     self._active = item
                     item.start()
                 else:
@@ -324,6 +294,16 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             if exchange is not None:
                 self._parsing = None
                 exchange.on_body_end()
+                if (
+                    exchange.finished  # answered before its body ended (400, 413)
+                    and self._active is None
+                    and not self._waiting
+                    and self.timeout_keep_alive_task is None
+                    and not self.transport.is_closing()
+                ):
+                    self.timeout_keep_alive_task = self.loop.call_later(
+                        self.timeout_keep_alive, self.timeout_keep_alive_handler
+                    )
             else:
                 super().on_message_complete()
 

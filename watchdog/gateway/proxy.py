@@ -16,11 +16,11 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from llm_watchdog.gateway.config import CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import model_of
-from llm_watchdog.gateway.protocol import CLIENT_GONE, ClientGone
 from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
 if TYPE_CHECKING:
@@ -55,6 +55,39 @@ STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
 
 # The last event of an OpenAI-style stream.
 DONE = b"data: [DONE]\n\n"
+
+
+# The scope extension holding a connection's ClientGone; the proxy waits on it instead of
+# running a task per request that waits for ASGI's http.disconnect.
+CLIENT_GONE = "llm_watchdog.client_gone"
+
+
+class ClientGone:
+    """Calls its callbacks once, when the client's connection is lost."""
+
+    __slots__ = ("gone", "_callbacks")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def add(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def remove(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def fire(self) -> None:
+        self.gone = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def is_own_path(path: str) -> bool:
+    """The gateway's own paths (control API, metrics); every other path is proxied."""
+    return path == "/metrics" or path == "/control" or path.startswith("/control/")
 
 
 class Progress:

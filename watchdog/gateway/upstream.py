@@ -341,6 +341,7 @@ class Upstream:
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
+        self.closing = False  # the gateway stops: no new connection to this engine
 
     @property
     def connections(self) -> int:
@@ -479,6 +480,7 @@ class Upstream:
                 raise self.no_first_byte() from exc
 
     async def aclose(self) -> None:
+        self.closing = True
         for conn in [*self._idle, *self._busy]:
             conn.close()
         self._idle.clear()
