@@ -329,3 +329,31 @@ def test_a_stream_in_flight_finishes_when_the_gateway_stops(
         reader.read_until(lambda r: r.closed)  # and then the connection closes
         stopping.join(10)
     assert engine.seen[0].outcome == "completed"
+
+
+def test_past_the_grace_time_a_request_in_line_gets_503_and_a_held_stream_breaks(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    gw = make_gateway(batch_default_allowance=1, shutdown_timeout_s=1.0, max_queue_wait_s=30.0)
+    batch = {"X-Traffic-Class": "batch", "X-Test-Hold": "held"}
+    with connect(gw) as running, connect(gw) as waiting:
+        running.sendall(post(CHAT_URL, chat_body(), batch))
+        streaming = Reader(running)
+        streaming.read_until(lambda r: bool(r.answers) and b"data: " in r.answers[0].body)
+        waiting.sendall(post(CHAT_URL, chat_body(), batch))
+        wait_for(lambda: batch_state(http, gw)["queued"] == 1, what="second request in line")
+        started = time.monotonic()
+        stopping = threading.Thread(target=gw.stop)
+        stopping.start()
+        queued = Reader(waiting)
+        answers = queued.read_answers(1)
+        assert answers[0].status == 503
+        assert answers[0].headers[b"retry-after"] == b"1"
+        assert answers[0].headers[b"connection"] == b"close"
+        assert json.loads(answers[0].body)["error"]["code"] == "shutting_down"
+        assert time.monotonic() - started >= 0.9  # not before the grace time
+        streaming.read_until(lambda r: r.closed)
+        assert not streaming.answers[0].complete  # broken off, not a clean end
+        stopping.join(10)
+    engine.release("held")
+    assert engine.count(path=CHAT_URL) == 1  # the one in line never reached the engine
