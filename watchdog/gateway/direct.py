@@ -348,6 +348,7 @@ class Exchange:
                     self._upstream_error(upstream.closed_early())
                 return
             out.append(self._head(conn))
+            conn.headers = []  # relayed: not needed for the rest of the answer
             self.answered = True
             self.data = b""  # no second try once an answer came
             if not self.streamed:

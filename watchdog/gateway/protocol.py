@@ -96,7 +96,8 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             # ASGI scope needs them, so they are read when one is built (_build_scope).
             self.connections.add(self)
             self.transport = transport
-            self.flow = FlowControl(transport)
+            self.flow = _Flow(transport)
+            self.pipeline = _PIPELINE
             self.scheme = "https" if is_ssl(transport) else "http"
             self._arm(header_s, too_slow_head)
 
@@ -200,6 +201,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
                 parser.should_keep_alive(),
             )
             self._parsing = exchange
+            self.headers = []  # the exchange holds them; trailers, if any, go here
             if self._active is None and not self._waiting and (
                 self.cycle is None or self.cycle.response_complete
             ):
@@ -340,6 +342,35 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             self.transport.close()
 
     return GatewayProtocol
+
+
+# uvicorn's pipeline, one deque per connection (each some 600 bytes), is only a way through
+# here: what uvicorn queues in it is moved to `_waiting` in the same call (on_headers_complete),
+# so one deque, always left empty, serves every connection.
+_PIPELINE: deque[Any] = deque()
+
+
+class _Flow(FlowControl):
+    """uvicorn's FlowControl, with its asyncio.Event (and the Event's deque) made only when
+    an ASGI answer waits for the client to drain: the direct path never does."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._event: asyncio.Event | None = None
+
+    @property
+    def _is_writable_event(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+            if not self.write_paused:
+                self._event.set()
+        return self._event
+
+    @_is_writable_event.setter
+    def _is_writable_event(self, event: asyncio.Event) -> None:
+        self._event = event
 
 
 class _Placeholder:
