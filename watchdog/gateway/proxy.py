@@ -1,13 +1,19 @@
-"""The reverse proxy: one raw ASGI app that classifies, admits, forwards and relays.
+"""The reverse proxy's rules, and the raw ASGI app that applies them where ASGI serves.
 
-Flow of one request: class from the headers -> body read -> place taken from the class's
-gate (batch may wait in line) -> request sent upstream (upstream.py) -> answer relayed chunk
-by chunk as it arrives -> place given back. A second task watches the client connection
-the whole time: when the client goes (in line or mid-stream), the work is cancelled, which
-gives the place back and closes the upstream connection, so the engine stops generating.
+The rules are shared with the direct path (direct.py): the class from the headers
+(`classify`), the headers forwarded and relayed, `priority` injection, the 429 of a request
+not admitted, the errors in OpenAI's shape.
+
+The ASGI app (`Proxy`) serves what the gateway's own protocol leaves to ASGI (HTTP/1.0,
+Expect: 100-continue, upgrades, unusual request targets) and every proxied request under
+another ASGI server. Flow of one request: class from the headers -> body read -> place
+taken from the class's gate (batch may wait in line) -> request sent upstream (upstream.py)
+-> answer relayed chunk by chunk as it arrives -> place given back. When the client goes
+(in line or mid-stream), the work is cancelled, which gives the place back and closes the
+upstream connection, so the engine stops generating.
 
 Raw ASGI instead of Starlette's Request/StreamingResponse keeps the per-chunk path to one
-`send` and lets the disconnect watcher cover the wait in line, not only the streaming.
+`send` and lets the disconnect watch cover the wait in line, not only the streaming.
 """
 
 from __future__ import annotations
