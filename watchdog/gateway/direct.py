@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
@@ -238,8 +239,8 @@ class Exchange:
             return
         self._run(self._wait_in_line())
 
-    def _run(self, coro: object) -> None:
-        task: asyncio.Task[None] = self.loop.create_task(coro)  # type: ignore[arg-type]
+    def _run(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
         self.task = task
         self.client.track(task)
 
@@ -521,6 +522,9 @@ class Exchange:
 
     def _shut_out(self) -> None:
         """The server stops while this request waits: it never reached the engine."""
+        if self.admitted:  # admitted, and waiting for a connection to the engine
+            self.admitted = False
+            self.gw.gates[self.cls].release()
         self._answer(
             503,
             "the gateway is shutting down: retry in a moment",
