@@ -287,15 +287,19 @@ def gateway_process(
     """`llm-watchdog gateway` on a free port in front of the engine; `extra`: more options.
 
     `source`: another checkout's `watchdog/` folder (an older commit, to compare), run as
-    the default install of its day ran: uvloop and httptools hidden, so uvicorn falls back
-    to asyncio's loop and h11.
+    the default install of its day ran: where its pyproject.toml does not depend on uvloop
+    and httptools, they are hidden, so uvicorn falls back to asyncio's loop and h11.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_WATCHDOG")}
     tmp = tempfile.TemporaryDirectory() if source is not None else None
     if tmp is not None and source is not None:
         shadow = Path(tmp.name)
         (shadow / "llm_watchdog").symlink_to(source.resolve())
+        project = source.resolve().parent / "pyproject.toml"
+        wanted = project.read_text() if project.exists() else ""
         for name in ("uvloop", "httptools"):
+            if f'"{name}' in wanted:
+                continue  # a default dependency of that checkout: it ran with it
             (shadow / name).mkdir()
             (shadow / name / "__init__.py").write_text(f"raise ImportError('{name} hidden')\n")
         env["PYTHONPATH"] = str(shadow)
@@ -420,6 +424,10 @@ CATEGORIES = (
     ("event loop (uvloop/asyncio, epoll, callbacks)", ("uvloop", "asyncio/", "selectors")),
     ("client side HTTP (uvicorn protocol, ASGI cycle)", ("uvicorn/",)),
     ("upstream HTTP (gateway/upstream.py)", ("gateway/upstream.py",)),
+    (
+        "direct path (gateway/protocol.py, gateway/direct.py)",
+        ("gateway/protocol.py", "gateway/direct.py"),
+    ),
     ("proxy logic (gateway/proxy.py, admission, observe)", ("gateway/",)),
     ("Starlette (own paths only)", ("starlette/",)),
     ("h11 (pure-Python HTTP)", ("h11/",)),

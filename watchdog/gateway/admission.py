@@ -183,6 +183,14 @@ class ClassGate:
         limit = self.limit()
         return limit is None or self.inflight < limit
 
+    def try_acquire(self) -> bool:
+        """Take a place if one is free and nobody waits for it: the part of `acquire()`
+        that never waits, for a caller that runs without a task of its own."""
+        if self._has_room() and not self._queue:
+            self.inflight += 1
+            return True
+        return False
+
     async def acquire(self) -> Outcome:
         """Take a place: at once if there is room and nobody waits, else wait in line.
 
@@ -190,8 +198,7 @@ class ClassGate:
         ran past max_queue_wait_s, or "full" when the queue already holds max_queued.
         Cancelling the caller (its client went away) gives its place in line back.
         """
-        if self._has_room() and not self._queue:
-            self.inflight += 1
+        if self.try_acquire():
             return "admitted"
         wait_s = self.max_queue_wait_s or 0.0
         if wait_s <= 0:

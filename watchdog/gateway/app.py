@@ -26,7 +26,7 @@ from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
 from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import Observer, metrics_registry
-from llm_watchdog.gateway.proxy import Proxy, retry_after_from
+from llm_watchdog.gateway.proxy import Proxy, is_own_path, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
 
 log = logging.getLogger("llm_watchdog.gateway")
@@ -324,6 +324,3 @@ class GatewayApp(Starlette):
         else:
             await super().__call__(scope, receive, send)
 
-
-def is_own_path(path: str) -> bool:
-    return path == "/metrics" or path == "/control" or path.startswith("/control/")

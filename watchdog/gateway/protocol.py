@@ -9,45 +9,32 @@ in front of a GPU needs.
 
 uvicorn's own `limit_concurrency` answers a bare "Service Unavailable" and counts tasks as
 well as connections; uvicorn has no header or body timeout.
+
+A proxied request leaves uvicorn's path once its headers are parsed: an `Exchange`
+(direct.py) answers it from this protocol's callbacks, with no ASGI scope, request cycle or
+task. The gateway's own paths (`is_own_path`), HTTP/1.0, `Expect: 100-continue` and
+upgrades go through ASGI as uvicorn runs it. Pipelined requests of both kinds wait in one
+line (`_waiting`), so answers leave in the order the requests came.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections import deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from llm_watchdog.gateway.config import GatewayConfig
+from llm_watchdog.gateway.direct import Exchange
+from llm_watchdog.gateway.proxy import CLIENT_GONE, ClientGone, is_own_path
 
-# The scope extension holding a connection's ClientGone; the proxy waits on it instead of
-# running a task per request that waits for ASGI's http.disconnect.
-CLIENT_GONE = "llm_watchdog.client_gone"
-
-
-class ClientGone:
-    """Calls its callbacks once, when the client's connection is lost."""
-
-    __slots__ = ("gone", "_callbacks")
-
-    def __init__(self) -> None:
-        self.gone = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def add(self, callback: Callable[[], None]) -> None:
-        self._callbacks.append(callback)
-
-    def remove(self, callback: Callable[[], None]) -> None:
-        if callback in self._callbacks:
-            self._callbacks.remove(callback)
-
-    def fire(self) -> None:
-        self.gone = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
+if TYPE_CHECKING:
+    from llm_watchdog.gateway.app import Gateway
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
     error = {"message": message, "type": "gateway_error", "param": None, "code": code}
@@ -63,8 +50,12 @@ def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) ->
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
-    """A protocol class carrying `config`'s limits (uvicorn builds one per connection)."""
+def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[HttpToolsProtocol]:
+    """A protocol class carrying `config`'s limits (uvicorn builds one per connection).
+
+    With `gateway`, proxied requests take the direct path (direct.py) and only the
+    gateway's own paths go through ASGI; without, every request does.
+    """
     header_s, body_s, limit = config.header_timeout_s, config.body_timeout_s, config.max_connections
     too_slow_head = _answer(
         408,
@@ -92,21 +83,72 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
     class GatewayProtocol(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
         _refused = False
+        _gone: ClientGone | None = None  # made only for a request that goes through ASGI
+        # The direct path (direct.py): the request whose body the parser reads now, the one
+        # answered now, and what waits behind it (pipelined: Exchanges, and ASGI cycles with
+        # their app), in order.
+        _parsing: Exchange | None = None
+        _active: Exchange | None = None
+        _waiting: deque[Exchange | tuple[Any, Any]] | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._gone = ClientGone()
+            # uvicorn's own reads both socket addresses here, for every connection; only an
+            # ASGI scope needs them, so they are read when one is built (_build_scope).
+            self.connections.add(self)
+            self.transport = transport
+            self.flow = _Flow(transport)
+            self.pipeline = _PIPELINE
+            self.scheme = "https" if is_ssl(transport) else "http"
             self._arm(header_s, too_slow_head)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
-            self._gone.fire()
+            if self._gone is not None:
+                self._gone.fire()
+            for exchange in self._exchanges():
+                exchange.client_gone()
+            self._parsing = self._active = None
+            self._waiting = None
+
+        def _exchanges(self) -> list[Exchange]:
+            found = [e for e in (self._parsing, self._active) if e is not None]
+            if self._waiting:
+                found += [e for e in self._waiting if isinstance(e, Exchange)]
+            return found
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            # uvicorn's builds the ASGI scope here; the direct path needs none, so it is
+            # built once the path says the request goes through ASGI.
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
+            self._parsing = None
             if self._timer is None:  # a kept-alive connection's next request
                 self._arm(header_s, too_slow_head)
+
+        def _build_scope(self) -> None:
+            if self.server is None:
+                self.server = get_local_addr(self.transport)
+                self.client = get_remote_addr(self.transport)
+            self.scope = {  # type: ignore[typeddict-item]
+                "type": "http",
+                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                "http_version": "1.1",
+                "server": self.server,
+                "client": self.client,
+                "scheme": self.scheme,  # type: ignore[typeddict-item]
+                "root_path": self.root_path,
+                "headers": self.headers,
+                "state": self.app_state.copy(),
+                # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ...}}.
+                "extensions": {CLIENT_GONE: {"watch": self._watch()}},
+            }
+
+        def _watch(self) -> ClientGone:
+            if self._gone is None:
+                self._gone = ClientGone()
+            return self._gone
 
         def on_headers_complete(self) -> None:
             self._disarm()
@@ -115,18 +157,156 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 self.transport.write(too_many)
                 self.transport.close()
                 return
-            # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ClientGone}}.
-            self.scope["extensions"] = {CLIENT_GONE: {"watch": self._gone}}
+            if gateway is not None and self._direct(gateway):
+                self._arm(body_s, too_slow_body)
+                return
+            self._build_scope()
+            if (self._active is not None or self._waiting) and (
+                self.cycle is None or self.cycle.response_complete
+            ):
+                # Behind a direct answer: uvicorn queues this cycle as it would behind one
+                # of its own, and it is moved to the line below.
+                self.cycle = _Placeholder()  # type: ignore[assignment]
             super().on_headers_complete()
+            if self.pipeline:
+                self._enqueue(self.pipeline.pop())
             self._arm(body_s, too_slow_body)
 
+        def _direct(self, gw: Gateway) -> bool:
+            """Hand a proxied request to the direct path; False leaves it to ASGI."""
+            parser = self.parser
+            if self.expect_100_continue or parser.should_upgrade():
+                return False
+            if parser.get_http_version() != "1.1":
+                return False  # 1.0's framing and keep-alive rules stay uvicorn's
+            url = self.url
+            raw_path, _, query = url.partition(b"?")
+            if raw_path[:1] != b"/" or b"#" in url:
+                return False  # absolute form or a fragment: uvicorn's URL parser reads it
+            try:
+                path = raw_path.decode("ascii")
+            except UnicodeDecodeError:
+                return False
+            if "%" in path:
+                path = unquote(path)
+            if is_own_path(path):
+                return False
+            exchange = Exchange(
+                self,
+                gw,
+                parser.get_method().decode("ascii"),
+                raw_path + b"?" + query if query else raw_path,
+                path,
+                self.headers,
+                parser.should_keep_alive(),
+            )
+            self._parsing = exchange
+            self.headers = []  # the exchange holds them; trailers, if any, go here
+            if self._active is None and not self._waiting and (
+                self.cycle is None or self.cycle.response_complete
+            ):
+                self._unset_keepalive_if_required()
+                self._active = exchange
+                exchange.start()
+            else:
+                self._enqueue(exchange)
+            return True
+
+        def _enqueue(self, item: Exchange | tuple[Any, Any]) -> None:
+            # Pipelined: what this client sends next is not read until the answers before
+            # it are out (as uvicorn does for its own pipeline).
+            if self._waiting is None:
+                self._waiting = deque()
+            self._waiting.append(item)
+            self.flow.pause_reading()
+
+        def _next(self) -> None:
+            """The answer on this connection is out: start the next request, or wait."""
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            waiting = self._waiting
+            if waiting:
+                item = waiting.popleft()
+                if isinstance(item, Exchange):
+                    self._active = item
+                    item.start()
+                else:
+                    self._start_asgi_task(*item)
+                return
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        # -- what an Exchange needs of its connection ---------------------------------
+
+        def default_headers(self) -> list[tuple[bytes, bytes]]:
+            return self.server_state.default_headers
+
+        def exchange_done(self, exchange: Exchange) -> None:
+            self.server_state.total_requests += 1
+            if self._active is exchange:
+                self._active = None
+            if not exchange.keep_alive:
+                self.transport.close()
+            elif not self.transport.is_closing():
+                self._next()
+
+        def track(self, task: asyncio.Task[None]) -> None:
+            # Counted with uvicorn's tasks: past the grace time at shutdown it cancels them.
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+        def on_response_complete(self) -> None:
+            # An ASGI answer is out; uvicorn's pipeline is this protocol's line (_waiting).
+            self.server_state.total_requests += 1
+            if not self.transport.is_closing():
+                self._next()
+
+        def shutdown(self) -> None:
+            active = self._active
+            if active is not None and not active.finished:
+                active.keep_alive = False  # the connection closes once this answer is out
+                return
+            super().shutdown()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._active is not None:
+                self._active.pause()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._active is not None:
+                self._active.resume()
+
         def on_body(self, body: bytes) -> None:
-            if not self._refused:
+            if self._refused:
+                return
+            exchange = self._parsing
+            if exchange is not None:
+                exchange.on_body(body)
+            else:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._disarm()
-            if not self._refused:
+            if self._refused:
+                return
+            exchange = self._parsing
+            if exchange is not None:
+                self._parsing = None
+                exchange.on_body_end()
+                if (
+                    exchange.finished  # answered before its body ended (400, 413)
+                    and self._active is None
+                    and not self._waiting
+                    and self.timeout_keep_alive_task is None
+                    and not self.transport.is_closing()
+                ):
+                    self.timeout_keep_alive_task = self.loop.call_later(
+                        self.timeout_keep_alive, self.timeout_keep_alive_handler
+                    )
+            else:
                 super().on_message_complete()
 
         def _arm(self, delay_s: float, answer: bytes) -> None:
@@ -142,6 +322,12 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
+            for exchange in (self._parsing, self._active):
+                if exchange is not None and not exchange.finished:
+                    if exchange.answered:  # too late for a status: just close
+                        self.transport.close()
+                        return
+                    exchange.client_gone()  # nothing of it reached the engine
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 if cycle.response_started:  # too late for a status: just close
@@ -150,8 +336,53 @@ def protocol_for(config: GatewayConfig) -> type[HttpToolsProtocol]:
                 # The app waits on the body: it sees the client gone, and writes nothing.
                 cycle.disconnected = True
                 cycle.message_event.set()
-                self._gone.fire()
+                if self._gone is not None:
+                    self._gone.fire()
             self.transport.write(answer)
             self.transport.close()
 
     return GatewayProtocol
+
+
+# uvicorn's pipeline, one deque per connection (each some 600 bytes), is only a way through
+# here: what uvicorn queues in it is moved to `_waiting` in the same call (on_headers_complete),
+# so one deque, always left empty, serves every connection.
+_PIPELINE: deque[Any] = deque()
+
+
+class _Flow(FlowControl):
+    """uvicorn's FlowControl, with its asyncio.Event (and the Event's deque) made only when
+    an ASGI answer waits for the client to drain: the direct path never does."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._event: asyncio.Event | None = None
+
+    @property
+    def _is_writable_event(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+            if not self.write_paused:
+                self._event.set()
+        return self._event
+
+    @_is_writable_event.setter
+    def _is_writable_event(self, event: asyncio.Event) -> None:
+        self._event = event
+
+
+class _Placeholder:
+    """Stands for an answer in progress on the direct path while uvicorn decides whether a
+    new ASGI cycle must wait (it waits behind a cycle not complete)."""
+
+    response_complete = False
+    response_started = True
+    disconnected = False
+    keep_alive = True
+
+    class message_event:  # noqa: N801 - uvicorn sets it on connection_lost
+        @staticmethod
+        def set() -> None:
+            pass

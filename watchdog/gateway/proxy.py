@@ -1,13 +1,19 @@
-"""The reverse proxy: one raw ASGI app that classifies, admits, forwards and relays.
+"""The reverse proxy's rules, and the raw ASGI app that applies them where ASGI serves.
 
-Flow of one request: class from the headers -> body read -> place taken from the class's
-gate (batch may wait in line) -> request sent upstream (upstream.py) -> answer relayed chunk
-by chunk as it arrives -> place given back. A second task watches the client connection
-the whole time: when the client goes (in line or mid-stream), the work is cancelled, which
-gives the place back and closes the upstream connection, so the engine stops generating.
+The rules are shared with the direct path (direct.py): the class from the headers
+(`classify`), the headers forwarded and relayed, `priority` injection, the 429 of a request
+not admitted, the errors in OpenAI's shape.
+
+The ASGI app (`Proxy`) serves what the gateway's own protocol leaves to ASGI (HTTP/1.0,
+Expect: 100-continue, upgrades, unusual request targets) and every proxied request under
+another ASGI server. Flow of one request: class from the headers -> body read -> place
+taken from the class's gate (batch may wait in line) -> request sent upstream (upstream.py)
+-> answer relayed chunk by chunk as it arrives -> place given back. When the client goes
+(in line or mid-stream), the work is cancelled, which gives the place back and closes the
+upstream connection, so the engine stops generating.
 
 Raw ASGI instead of Starlette's Request/StreamingResponse keeps the per-chunk path to one
-`send` and lets the disconnect watcher cover the wait in line, not only the streaming.
+`send` and lets the disconnect watch cover the wait in line, not only the streaming.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from llm_watchdog.gateway.config import CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import model_of
-from llm_watchdog.gateway.protocol import CLIENT_GONE, ClientGone
 from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
 if TYPE_CHECKING:
@@ -50,11 +56,44 @@ _HOP_BY_HOP = frozenset(
 _DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 # uvicorn writes its own Date header; two would confuse clients.
 _DROP_RESPONSE = _HOP_BY_HOP | {b"date"}
-_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
+STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
 
 
 # The last event of an OpenAI-style stream.
-_DONE = b"data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+# The scope extension holding a connection's ClientGone; the proxy waits on it instead of
+# running a task per request that waits for ASGI's http.disconnect.
+CLIENT_GONE = "llm_watchdog.client_gone"
+
+
+class ClientGone:
+    """Calls its callbacks once, when the client's connection is lost."""
+
+    __slots__ = ("gone", "_callbacks")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def add(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def remove(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def fire(self) -> None:
+        self.gone = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def is_own_path(path: str) -> bool:
+    """The gateway's own paths (control API, metrics); every other path is proxied."""
+    return path == "/metrics" or path == "/control" or path.startswith("/control/")
 
 
 class Progress:
@@ -156,6 +195,25 @@ async def send_error(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+def rejection(gw: Gateway, cls: str, outcome: str) -> tuple[str, str, list[tuple[bytes, bytes]]]:
+    """The 429's message, code and headers for a request the gate did not admit."""
+    gate = gw.gates[cls]
+    retry_s = gw.retry_after_s(cls)
+    if outcome == "full":
+        message = (
+            f"the {cls} queue is full ({gate.max_queued} waiting): "
+            f"retry after {retry_s} s or lower the request rate"
+        )
+    else:
+        message = (
+            f"no {cls} place freed within {gate.max_queue_wait_s:g} s "
+            f"(allowance {gate.allowance.value if gate.allowance else 'unlimited'}, "
+            f"{gate.inflight} in flight): retry after {retry_s} s"
+        )
+    headers = [(b"retry-after", str(retry_s).encode()), (b"x-traffic-class", cls.encode())]
+    return message, f"{cls}_queue_{outcome}", headers
+
+
 class Proxy:
     """ASGI app for every path the gateway does not answer itself."""
 
@@ -170,9 +228,9 @@ class Proxy:
             await send_error(send, 400, str(exc), "invalid_request_error", "unknown_traffic_class")
             return
         limit = gw.config.max_body_bytes
-        if _declared_length(scope["headers"]) > limit:
+        if declared_length(scope["headers"]) > limit:
             await send_error(
-                send, 413, _too_large(limit), "invalid_request_error", "body_too_large"
+                send, 413, too_large(limit), "invalid_request_error", "body_too_large"
             )
             return
         body = await _read_body(receive, limit)
@@ -180,7 +238,7 @@ class Proxy:
             return  # the client left while sending its request
         if body is _TOO_LARGE:
             await send_error(
-                send, 413, _too_large(limit), "invalid_request_error", "body_too_large"
+                send, 413, too_large(limit), "invalid_request_error", "body_too_large"
             )
             return
         stats = gw.observer[cls]
@@ -270,27 +328,8 @@ class Proxy:
         stats.outcomes["rerouted" if gated and not admitted else result] += 1
 
     async def _reject(self, send: Any, cls: str, outcome: str) -> None:
-        gate = self.gw.gates[cls]
-        retry_s = self.gw.retry_after_s(cls)
-        if outcome == "full":
-            message = (
-                f"the {cls} queue is full ({gate.max_queued} waiting): "
-                f"retry after {retry_s} s or lower the request rate"
-            )
-        else:
-            message = (
-                f"no {cls} place freed within {gate.max_queue_wait_s:g} s "
-                f"(allowance {gate.allowance.value if gate.allowance else 'unlimited'}, "
-                f"{gate.inflight} in flight): retry after {retry_s} s"
-            )
-        await send_error(
-            send,
-            429,
-            message,
-            "rate_limit_error",
-            f"{cls}_queue_{outcome}",
-            [(b"retry-after", str(retry_s).encode()), (b"x-traffic-class", cls.encode())],
-        )
+        message, code, headers = rejection(self.gw, cls, outcome)
+        await send_error(send, 429, message, "rate_limit_error", code, headers)
 
     async def _forward(
         self,
@@ -320,7 +359,7 @@ class Proxy:
             status = response.status
             headers = relay_headers(response.headers)  # names are lower-case already
             await send({"type": "http.response.start", "status": status, "headers": headers})
-            streamed = status < 300 and response.header(b"content-type").startswith(_STREAM_TYPES)
+            streamed = status < 300 and response.header(b"content-type").startswith(STREAM_TYPES)
             chunks = 0
             next_chunk = response.next_chunk
             try:
@@ -330,7 +369,7 @@ class Proxy:
                 while chunk is not None:
                     chunks += 1
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    if streamed and chunk.endswith(_DONE):
+                    if streamed and chunk.endswith(DONE):
                         progress.done_seen = True
                     chunk = await next_chunk()
             except UpstreamBroken as exc:
@@ -349,14 +388,14 @@ class Proxy:
 _TOO_LARGE = b"\0too large"  # a sentinel: compared by identity
 
 
-def _too_large(limit: int) -> str:
+def too_large(limit: int) -> str:
     return (
         f"the request body is over the gateway's limit of {limit} bytes: send less, "
         "or raise --max-body"
     )
 
 
-def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int:
     for key, value in headers:
         if key == b"content-length":
             try:

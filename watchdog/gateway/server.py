@@ -66,8 +66,8 @@ def _uvicorn_config(app: Any, config: GatewayConfig) -> uvicorn.Config:
         app,
         loop=_loop(),
         # httptools on the client side, with the gateway's header, body and connection
-        # limits (protocol.py).
-        http=protocol_for(config),
+        # limits, and proxied requests answered without ASGI (protocol.py, direct.py).
+        http=protocol_for(config, app.state.gateway),
         log_config=None,  # the caller's logging set-up stays as it is
         access_log=False,  # a line per request costs more than relaying it
         lifespan="on",

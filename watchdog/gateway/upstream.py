@@ -20,7 +20,7 @@ import asyncio
 import os
 import ssl
 import time
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -52,6 +52,14 @@ class _Closed(Exception):
     """The connection closed before the event we waited for."""
 
 
+class Listener(Protocol):
+    """What a connection tells of its answer when a request relays from its callbacks."""
+
+    def upstream_event(self, conn: Connection) -> None:
+        """Bytes were parsed (`status`, `headers`, `body`, `done`, `error` say what came),
+        or the connection closed (`closed`)."""
+
+
 class Connection(asyncio.Protocol):
     """One TCP connection to the engine, fed by the event loop, read by one request.
 
@@ -81,6 +89,7 @@ class Connection(asyncio.Protocol):
         "_wait_since",
         "_buffered",
         "_paused",
+        "listener",
     )
 
     def __init__(self) -> None:
@@ -103,6 +112,9 @@ class Connection(asyncio.Protocol):
         self._wait_since = 0.0
         self._buffered = 0
         self._paused = False
+        # Set while a request relays from the callbacks (direct.py): told of every read
+        # and of the end, instead of a waiter woken to read `body`.
+        self.listener: Listener | None = None
 
     # -- called by the event loop --------------------------------------------------------
 
@@ -121,6 +133,10 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.error = str(exc) or type(exc).__name__
             self.close()
+        listener = self.listener
+        if listener is not None:
+            listener.upstream_event(self)
+            return
         self._buffered += len(data)
         if self._buffered > READ_HIGH_WATER_BYTES and not self._paused and not self.closed:
             self._paused = True
@@ -133,6 +149,8 @@ class Connection(asyncio.Protocol):
         if self.head_done and self.until_eof:
             self.done = True
         self._wake()
+        if self.listener is not None:
+            self.listener.upstream_event(self)
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -140,6 +158,8 @@ class Connection(asyncio.Protocol):
         if self.head_done and self.until_eof:
             self.done = True
         self._wake()
+        if self.listener is not None:
+            self.listener.upstream_event(self)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -321,6 +341,7 @@ class Upstream:
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
+        self.closing = False  # the gateway stops: no new connection to this engine
 
     @property
     def connections(self) -> int:
@@ -361,8 +382,28 @@ class Upstream:
             ) from exc
         return conn, False
 
+    def take_idle(self) -> Connection | None:
+        """A kept-alive connection fit for one more request, or None: no wait either way."""
+        if not self._idle:
+            return None
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reusable(now):
+                self._busy.add(conn)
+                return conn
+            conn.close()
+        return None
+
+    async def connect(self) -> Connection:
+        """A fresh connection, counted as busy; UpstreamError when the engine is not there."""
+        conn, _ = await self._take(fresh=True)
+        self._busy.add(conn)
+        return conn
+
     def release(self, conn: Connection, complete: bool) -> None:
         self._busy.discard(conn)
+        conn.listener = None
         conn.stop_timer()
         if complete and conn.keep_alive and not conn.closed:
             conn.parser = None  # bytes arriving now belong to no request
@@ -371,6 +412,21 @@ class Upstream:
                 self._idle.append(conn)
                 return
         conn.close()  # unfinished answer, Connection: close, or surplus
+
+    def closed_early(self) -> UpstreamError:
+        return UpstreamError(
+            502, f"upstream {self.base_url} closed the connection without answering"
+        )
+
+    def malformed(self, conn: Connection) -> UpstreamError:
+        return UpstreamError(502, f"upstream {self.base_url} sent a malformed answer: {conn.error}")
+
+    def no_first_byte(self) -> UpstreamError:
+        return UpstreamError(
+            504,
+            f"upstream {self.base_url} sent no answer within "
+            f"{self.first_byte_timeout_s:g} s (--upstream-first-byte-timeout)",
+        )
 
     def request_bytes(
         self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -407,9 +463,7 @@ class Upstream:
                 # this, before any answer (docs/probe.md); once more on a fresh connection.
                 if reused and attempt == 1:
                     continue
-                raise UpstreamError(
-                    502, f"upstream {self.base_url} closed the connection without answering"
-                ) from exc
+                raise self.closed_early() from exc
             except BaseException:  # an error answered above, or the client left: never reuse
                 self.release(conn, complete=False)
                 raise
@@ -419,19 +473,14 @@ class Upstream:
         """Wait for the status line and headers; the first byte has `first_byte_timeout_s`."""
         while not conn.head_done:
             if conn.error is not None:
-                raise UpstreamError(
-                    502, f"upstream {self.base_url} sent a malformed answer: {conn.error}"
-                )
+                raise self.malformed(conn)
             try:
                 await conn.wait_data(self.first_byte_timeout_s)
             except TimeoutError as exc:
-                raise UpstreamError(
-                    504,
-                    f"upstream {self.base_url} sent no answer within "
-                    f"{self.first_byte_timeout_s:g} s (--upstream-first-byte-timeout)",
-                ) from exc
+                raise self.no_first_byte() from exc
 
     async def aclose(self) -> None:
+        self.closing = True
         for conn in [*self._idle, *self._busy]:
             conn.close()
         self._idle.clear()
