@@ -399,9 +399,17 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--days", type=float, default=0.0, help="simulated days instead of minutes")
     ap.add_argument("--hourly", action="store_true", help="--days: print every simulated hour")
+    ap.add_argument(
+        "--no-trim", action="store_true",
+        help="leave the C heap's free memory with malloc (daemon/memory.py off): the A/B",
+    )  # fmt: skip
     ap.add_argument("--retention", default="2d", help="raw rows kept (storage.raw_retention)")
     args = ap.parse_args()
     parse_duration(args.retention)
+    if args.no_trim:
+        import llm_watchdog.daemon.service as service
+
+        service.release_free_memory = lambda: False  # type: ignore[assignment]
     if args.days:
         soak_days(args)
     else:

@@ -32,6 +32,7 @@ from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_al
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge
+from llm_watchdog.daemon.memory import release_free_memory
 from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.daemon.storage import Say, StorageHealth
@@ -434,6 +435,8 @@ class Daemon:
         n = self.store.rollup(self.clock(), self.settings.storage.raw_retention_s)
         if n:
             log.debug("rolled up %d rows", n)
+        # After the pass that frees most: the rows it read and the pages pruning let go.
+        release_free_memory()
 
     # ---- scheduling -----------------------------------------------------------------------
 
