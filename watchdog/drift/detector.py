@@ -125,6 +125,8 @@ class LatencyDetector:
         self.h_end = self.cal.h_end
         self.reached = False  # the event's running median has reached the design shift
         self._recent_u: deque[float] = deque(maxlen=RECENT_PROBES)
+        self._recent_y: deque[float] = deque(maxlen=RECENT_PROBES)
+        self.shift_log = math.log(config.shift_ratio)
         self._event_u: deque[float] = deque(maxlen=LEVEL_PROBES)
 
     def standardise(self, ttft_ms: float) -> float:
@@ -137,22 +139,32 @@ class LatencyDetector:
         return self.cal.h * (self.assist_h_factor if assisted else 1.0)
 
     def update(
-        self, ttft_ms: float, *, assisted: bool = False, cause_gone: bool = False
+        self,
+        ttft_ms: float,
+        *,
+        assisted: bool = False,
+        cause_gone: bool = False,
+        clock_explains: bool = False,
     ) -> str | None:
         """Feed one warm, successful TTFT; returns ALARM, END or None.
 
         `assisted`: telemetry says the GPU got slower (alarm at a lower threshold).
         `cause_gone`: the event's cause has cleared in telemetry (end at a lower threshold).
+        `clock_explains`: the busy clock has fallen by at least the design shift (to under
+        1 / shift_ratio of the baseline's): then the median of the last RECENT_PROBES alone,
+        that far over the baseline's, is an alarm.
         """
         cal = self.cal
         u = self.standardise(ttft_ms)
         self.last_u = u
         self._recent_u.append(u)
+        self._recent_y.append(math.log(ttft_ms))
         # Capped at h: while an event is open S only says "still high", and a huge S would
         # otherwise make the next event after this one start with a head start.
         self.s = min(max(0.0, self.s + u - cal.k_alarm), cal.h)
         if not self.in_event:
-            if self.s >= self.threshold(assisted):
+            if self.s >= self.threshold(assisted) or (clock_explains and self._median_shifted()):
+                self.s = max(self.s, cal.h)
                 self.in_event = True
                 self.d = 0.0
                 self._event_u.clear()
@@ -173,6 +185,15 @@ class LatencyDetector:
             self.close()
             return END
         return None
+
+    def _median_shifted(self) -> bool:
+        """The last RECENT_PROBES' median is the design shift over the baseline's. With a
+        heavy-tailed baseline (canaries behind a batch job's prefill chunks: p95 five times
+        the median) the clipped CUSUM gains little from a doubled median, since the tail
+        was already at the clip; the median does not saturate."""
+        if len(self._recent_y) < RECENT_PROBES:
+            return False
+        return stats.median(self._recent_y) - self.cal.mu >= self.shift_log
 
     def close(self) -> None:
         """Forget an open event without evidence of its end (the baseline was replaced)."""

@@ -266,6 +266,7 @@ class DriftMonitor:
             ttft_ms,
             assisted=self._clocks_down(),
             cause_gone=rec is not None and self._cause_gone(rec.cause),
+            clock_explains=self._clocks_down(1.0 - 1.0 / self.config.shift_ratio),
         )
         if det.s == 0.0 and not det.in_event:
             self._onset_ts = obs.ts
@@ -278,8 +279,9 @@ class DriftMonitor:
             return self._update_latency(obs)
         return []
 
-    def _clocks_down(self) -> bool:
-        """Telemetry says the GPU got slower: the latest busy SM clocks well under baseline."""
+    def _clocks_down(self, drop: float | None = None) -> bool:
+        """Telemetry says the GPU got slower: the latest busy SM clocks well under baseline
+        (by `assist_clock_drop`, or by `drop` where given)."""
         if not self.config.telemetry_assist or self._baseline is None:
             return False
         ref = self._baseline.sm_clock_mhz
@@ -288,7 +290,8 @@ class DriftMonitor:
         clocks = [c for c in (busy_clock(o) for o in self._telemetry.recent(ASSIST_CLOCKS)) if c]
         if len(clocks) < 3:
             return False
-        return stats.median(clocks) <= (1.0 - self.config.assist_clock_drop) * ref
+        drop = self.config.assist_clock_drop if drop is None else drop
+        return stats.median(clocks) <= (1.0 - drop) * ref
 
     def _base_p95(self) -> float | None:
         return self._baseline.ttft_p95_ms if self._baseline else None
