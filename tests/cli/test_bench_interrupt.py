@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llm_watchdog.cli import cli
@@ -29,7 +30,10 @@ def paris_set(folder: Path) -> str:
 
 def test_ctrl_c_stores_what_was_measured_marked_incomplete(tmp_path):
     db = tmp_path / "b.db"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # faulthandler: a bench that does not stop is sent SIGABRT and prints every thread's stack.
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PYTHONFAULTHANDLER="1"
+    )
     with StreamServer(answer="Paris", first_token_delay_s=0.01) as srv:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llm_watchdog", "--config", os.devnull, "bench",
@@ -46,7 +50,15 @@ def test_ctrl_c_stores_what_was_measured_marked_incomplete(tmp_path):
             while time.monotonic() < deadline and len(srv.chat_requests()) < 5:
                 time.sleep(0.1)
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)
+                out, err = proc.communicate(timeout=20)
+                pytest.fail(
+                    f"bench did not stop within 60 s of Ctrl-C "
+                    f"({len(srv.chat_requests())} chat requests); its threads:\n{err[-6000:]}"
+                )
         finally:
             if proc.poll() is None:
                 proc.kill()
