@@ -16,14 +16,14 @@ import httptools
 import httpx
 import pytest
 
-from llm_watchdog.gateway import GatewayConfig, GatewayServer, direct
+from llm_watchdog.gateway import GatewayServer, direct
 from tests.gateway.test_gateway import (
     CHAT_URL,
-    TOKEN,
     FakeEngine,
     batch_state,
     chat_body,
     control,
+    gateways,
     wait_for,
 )
 
@@ -37,25 +37,8 @@ def engine() -> Iterator[FakeEngine]:
 
 @pytest.fixture
 def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
-    started: list[GatewayServer] = []
-
-    def make(**overrides: Any) -> GatewayServer:
-        settings: dict[str, Any] = {
-            "upstream_url": engine.url,
-            "listen_port": 0,
-            "control_token": TOKEN,
-            "batch_default_allowance": 2,
-            "batch_ceiling": 16,
-            "shutdown_timeout_s": 2.0,
-        }
-        settings.update(overrides)
-        server = GatewayServer(GatewayConfig(**settings)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
+    with gateways(engine, shutdown_timeout_s=2.0) as make:
+        yield make
 
 
 @pytest.fixture

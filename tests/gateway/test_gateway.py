@@ -10,6 +10,7 @@ or "cancelled" when the other side closed the connection before the end. A reque
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import select
@@ -241,8 +242,10 @@ def engine() -> Iterator[FakeEngine]:
     e.stop()
 
 
-@pytest.fixture
-def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
+@contextlib.contextmanager
+def gateways(engine: FakeEngine, **defaults: Any) -> Iterator[Callable[..., GatewayServer]]:
+    """Start gateways in front of `engine` (a module's defaults, then a test's overrides);
+    every one started is stopped at the end."""
     started: list[GatewayServer] = []
 
     def make(**overrides: Any) -> GatewayServer:
@@ -252,17 +255,24 @@ def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
             "control_token": TOKEN,
             "batch_default_allowance": 2,
             "batch_ceiling": 16,
-            "max_queue_wait_s": 5.0,
-            "shutdown_timeout_s": 2.0,
+            **defaults,
+            **overrides,
         }
-        settings.update(overrides)
         server = GatewayServer(GatewayConfig(**settings)).start()
         started.append(server)
         return server
 
-    yield make
-    for server in started:
-        server.stop()
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
+    with gateways(engine, max_queue_wait_s=5.0, shutdown_timeout_s=2.0) as make:
+        yield make
 
 
 @pytest.fixture
