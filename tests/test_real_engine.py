@@ -296,7 +296,14 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
             cuts = store.rows(
                 "SELECT * FROM control_actions WHERE kind IN ('cut', 'halve') AND applied = 1"
             )
-            verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
+            # Each write is read back from the gateway: the allowance it reports is the one
+            # written. Batch requests already running are not stopped, so on a loaded machine
+            # they can still be over the new allowance at the drain time (not_effective,
+            # in-flight over); what is checked here is that the gateway took the write.
+            read_back = store.rows(
+                "SELECT * FROM control_actions WHERE applied = 1 AND allowance_after "
+                "!= allowance_before AND verify_kind IN ('ok', 'not_effective')"
+            )
             trace = tmp_path / "trace.csv"
             with open(trace, "w", newline="") as fh:
                 export_trace(store, None, None, fh)
@@ -307,7 +314,8 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
     assert worst > 4 * base, (base, worst)  # the batch job wrecked chat's tail
     assert events and events[0]["cause"] == "load", events
     assert cuts and allowance < 6, (cuts, allowance)
-    assert verified, "each write is read back from the gateway"
+    assert read_back, "the cut is read back from the gateway"
+    assert all(r["read_allowance"] == r["allowance_after"] for r in read_back), read_back
     assert recent < worst / 3, (base, worst, recent)  # chat came back toward its baseline
     # The exported trace replays through the same detector to the same event and cause.
     replayed = [e for e in replay_file(trace, settings.drift_config()) if e.kind == "latency"]

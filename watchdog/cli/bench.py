@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -291,21 +292,31 @@ def _run(
         finally:
             done.set()
 
-    # The run goes on a worker thread so that Ctrl-C reaches this one and sets `stop`. The
-    # wait is on an Event the worker sets last: after a Thread.join cut short by Ctrl-C, the
-    # next join returned while the worker was still summing up its level, and the run was
-    # stored without it (tests/cli/test_bench_interrupt.py).
+    # The run goes on a worker thread; Ctrl-C, caught here by a handler that only sets
+    # `stop`, ends it between two requests. No KeyboardInterrupt is raised: one that lands
+    # inside Event.wait can leave the event's lock held, and the wait for the worker then
+    # never returns. The wait is on an Event the worker sets last: a Thread.join cut short
+    # returned while the worker was still summing up its level, and the run was stored
+    # without it (tests/cli/test_bench_interrupt.py). A second Ctrl-C quits at once.
     done = threading.Event()
-    worker = threading.Thread(target=work, name="bench")
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        click.echo("\nstopping: keeping what was measured … (Ctrl-C again quits)", err=True)
+        stop.set()
+
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
+    worker = threading.Thread(target=work, name="bench", daemon=True)
     worker.start()
     try:
-        while not done.wait(0.2):
+        while not done.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        click.echo("\nstopping: keeping what was measured …", err=True)
-        stop.set()
-        done.wait()
     finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
         reader.stop()
     error = box.get("error")
     if error is not None:
