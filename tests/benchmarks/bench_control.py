@@ -33,6 +33,7 @@ Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same atta
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
 
     .venv/bin/python tests/benchmarks/bench_control.py [--scenarios a,b] [--seeds 0,1,2] [--json]
+        [--fast] [--preempt]
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ NO_MAP = "ours:headroom=false"
 # Ours with its map seeded from the day before: the same scenario run once with another seed
 # (seed + 1000), as the daemon seeds it from the stored probes of earlier days.
 SEEDED = "ours+seed"
+# Ours with the gateway pre-empting the newest batch requests over a cut (--preempt): their
+# tokens are lost and not counted.
+PREEMPT = "ours+preempt"
 WARMUP_S = 120.0
 TARGET_ATT = 0.99
 CONSERVATIVE = 4
@@ -208,8 +212,9 @@ def seeded(s: Scenario, seed: int) -> Recorder:
 
 
 def run(spec: str, s: Scenario, seed: int) -> Row:
-    rec = seeded(s, seed) if spec == SEEDED else make(spec, s)
-    r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S)
+    preempt = spec == PREEMPT
+    rec = seeded(s, seed) if spec == SEEDED else make("ours" if preempt else spec, s)
+    r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S, preempt=preempt)
     restores = restore_times(rec, s)
     late = restore_times(rec, s, strict=True)
     att = r.slo_attainment if r.slo_attainment is not None else math.nan
@@ -268,7 +273,7 @@ def best_at(statics: list[Row], att: float) -> Row | None:
     return max(ok, key=lambda r: r.tok_s) if ok else None
 
 
-def bench(name: str, seed: int, fast: bool = False) -> dict[str, Any]:
+def bench(name: str, seed: int, fast: bool = False, preempt: bool = False) -> dict[str, Any]:
     s = load_scenario(name)
     t0 = time.perf_counter()
     statics = sweep(s, seed)
@@ -283,7 +288,7 @@ def bench(name: str, seed: int, fast: bool = False) -> dict[str, Any]:
         ("aimd", "gradient2", "ours", NO_MAP, SEEDED)
         if fast
         else ("aimd", "gradient2", "design", "ours", NO_MAP, SEEDED)
-    )
+    ) + ((PREEMPT,) if preempt else ())
     for spec in specs:
         row = run(spec, s, seed)
         if not fast:
@@ -377,12 +382,13 @@ def main() -> None:
         action="store_true",
         help="leave out no control, the conservative static, design and the steady-state runs",
     )
+    ap.add_argument("--preempt", action="store_true", help=f"add {PREEMPT}")
     args = ap.parse_args()
     t0 = time.perf_counter()
     results = []
     for seed in (int(x) for x in args.seeds.split(",")):
         for name in args.scenarios.split(","):
-            res = bench(name, seed, args.fast)
+            res = bench(name, seed, args.fast, args.preempt)
             res["seed"] = seed
             results.append(res)
             if args.json:

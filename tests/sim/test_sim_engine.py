@@ -178,3 +178,66 @@ def test_allowance_caps_the_batch_job_and_a_raise_lets_it_back_in() -> None:
     assert w.batch_inflight == 6
     w.set_batch_streams(3, 1.0)  # demand below the allowance: nothing new until some finish
     assert w.batch_inflight == 6 and w.batch_target == 3
+
+
+def _run_steps(w: World, t: float, until: float) -> float:
+    while t < until:
+        plan = w.start_step(t)
+        if plan is None:
+            break
+        w.finish_step()
+        t = plan.end_s
+    return t
+
+
+def test_without_preemption_a_cut_leaves_running_batch_to_finish() -> None:
+    sc = load_scenario("workstation")
+    w = World(sc)
+    w.set_allowance(6, 0.0)
+    t = _run_steps(w, 0.0, 2.0)
+    w.set_allowance(1, t)
+    assert w.batch_inflight == 6 and w.preempted == 0
+
+
+def test_preemption_ends_the_newest_batch_requests_and_their_tokens_are_lost() -> None:
+    sc = load_scenario("workstation")
+    w = World(sc, preempt=True)
+    w.set_allowance(6, 0.0)
+    t = _run_steps(w, 0.0, 2.0)
+    running = sorted(w._batch_inflight.values(), key=lambda r: (r.arrival_s, r.id))
+    oldest, newest = running[0], running[1:]
+    generated = sum(w.engine.generated(r) for r in newest)
+    plan = w.start_step(t)  # pre-empted in the middle of a step
+    assert plan is not None
+    decoding = sum(1 for r in newest if r.state == "decode")
+    w.set_allowance(1, t + 0.001)
+    assert w.batch_inflight == 1 and w.preempted == 5
+    assert list(w._batch_inflight.values()) == [oldest]
+    assert all(r.state == "cancelled" for r in newest)
+    assert w.preempted_tokens == generated + decoding
+    w.finish_step()
+    # The streams send again once there is room, not before.
+    t = _run_steps(w, plan.end_s, plan.end_s + 5.0)
+    assert w.batch_inflight <= 1
+    w.set_allowance(6, t)
+    t = _run_steps(w, t, t + 30.0)
+    assert w.batch_inflight == 6
+
+
+def test_a_preempting_run_counts_only_the_batch_tokens_that_were_kept() -> None:
+    sc = load_scenario("chat-burst")
+    cut_at = 300.0
+
+    class CutOnce:
+        interval_s = 10.0
+
+        def decide(self, now_s, obs):
+            return 16 if now_s < cut_at else 0
+
+    kept = run_virtual(sc, 600.0, CutOnce(), seed=2)
+    cut = run_virtual(sc, 600.0, CutOnce(), seed=2, preempt=True)
+    assert kept.batch_preempted == 0 and cut.batch_preempted > 0
+    # Pre-empted work is lost: the run that ended requests early keeps fewer tokens.
+    assert cut.batch_tokens_per_s < kept.batch_tokens_per_s
+    after = [m for m in cut.minutes if m.t_s >= cut_at + 60]
+    assert after and all(m.batch_inflight == 0 and m.batch_tokens == 0 for m in after)

@@ -144,6 +144,11 @@ def serve(
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
 @click.option("--minutes", is_flag=True, help="With --json: add the per-minute rows.")
+@click.option(
+    "--preempt",
+    is_flag=True,
+    help="The gateway pre-empts the newest batch requests over a lowered allowance.",
+)
 def run(
     scenario: str,
     duration: float | None,
@@ -154,6 +159,7 @@ def run(
     seed: int,
     as_json: bool,
     minutes: bool,
+    preempt: bool,
 ) -> None:
     """Run a scenario in virtual time and print what chat and the batch job got."""
     sc = _scenario(scenario)
@@ -166,6 +172,7 @@ def run(
             slo_ttft_ms=slo_ms,
             batch_streams=batch_streams,
             warmup_s=warmup or 0.0,
+            preempt=preempt,
         )
     except ControllerError as exc:
         raise click.BadParameter(str(exc), param_hint="--controller") from exc
@@ -192,7 +199,8 @@ def report_lines(r: RunResult) -> list[str]:
         f"SLO         p95 ≤ {r.slo_ttft_ms:,.0f} ms in {met}/{r.slo_windows} one-minute "
         f"windows ({att})",
         f"batch       {r.batch_tokens_per_s:,.1f} tokens/s ({r.batch_chars_per_s:,.0f} chars/s), "
-        f"{r.batch_requests} requests done",
+        f"{r.batch_requests} requests done"
+        + (f", {r.batch_preempted} pre-empted (their tokens lost)" if r.batch_preempted else ""),
         f"allowance   {r.allowance_changes} changes, final "
         f"{'none' if r.final_allowance is None else r.final_allowance}",
         f"GPU         peak {r.peak_temp_c:.1f} °C, throttled {format_duration(r.throttled_s)} "

@@ -73,6 +73,7 @@ class RunResult:
     power_violation_s: float
     wall_s: float
     minutes: tuple[MinuteRow, ...] = field(default=(), repr=False)
+    batch_preempted: int = 0  # batch requests the gateway pre-empted (their tokens not counted)
 
     def to_dict(self, minutes: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -162,13 +163,16 @@ def run_virtual(
     batch_streams: int | None = None,
     warmup_s: float = 0.0,
     ramp_per_s: float | None = None,
+    preempt: bool = False,
 ) -> RunResult:
     """Run `scenario` for `duration_s` simulated seconds under `controller`.
 
     thermal=False holds the card at its starting temperature (the "cool" case of a sweep).
     batch_streams overrides the batch job's demand. TTFT figures and SLO windows leave out
     chat that arrived in the first `warmup_s` seconds. ramp_per_s is the gateway's batch ramp
-    after a raise (None: the gateway's default; 0: a raise lets batch in at once).
+    after a raise (None: the gateway's default; 0: a raise lets batch in at once). preempt: the
+    gateway ends the newest batch requests over a lowered allowance; their output tokens are
+    lost and not counted in the batch throughput.
     """
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else scenario.duration_s)
@@ -177,7 +181,7 @@ def run_virtual(
         scenario = dataclasses.replace(
             scenario, batch=dataclasses.replace(scenario.batch, streams=batch_streams)
         )
-    world = World(scenario, seed=seed, thermal=thermal)
+    world = World(scenario, seed=seed, thermal=thermal, preempt=preempt)
     world.ramp.per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
     ctx = ControllerContext(
         slo, scenario.batch.streams, scenario.engine.max_running_seqs, scenario.gpu.sw_hold_c
@@ -260,7 +264,11 @@ def run_virtual(
             if decision is not None and decision != world.allowance:
                 if decided:  # the first decision sets the allowance, it does not change it
                     changes += 1
+                lost = world.preempted_tokens
                 world.set_allowance(decision, t)
+                lost = world.preempted_tokens - lost  # counted by steps already, now lost
+                batch_tokens -= lost
+                window_batch_tokens = max(0, window_batch_tokens - lost)
             decided = decided or decision is not None
             next_ctl = t + ctl.interval_s
         elif t == next_minute:
@@ -313,4 +321,5 @@ def run_virtual(
         power_violation_s=gpu.power_violation_ns / 1e9,
         wall_s=time.perf_counter() - wall0,
         minutes=tuple(minutes),
+        batch_preempted=world.preempted,
     )

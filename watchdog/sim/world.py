@@ -14,7 +14,10 @@ stream sending its next request `think_time_s` after the last one ended, and the
 whole sending at most `max_requests_per_s`, the pace at which it can prepare documents;
 0 = no limit); the allowance (set
 by a controller through `set_allowance`, None = no limit) caps how many are admitted, as
-the project's gateway does. A request already running is never cut.
+the project's gateway does. A request already running is not cut, unless the gateway
+pre-empts (`preempt`, opt-in as the gateway's is): then an allowance lowered under batch in
+flight ends the newest batch requests at once, their tokens are lost, and each stream sends
+its request again after `PREEMPT_RETRY_S`, once there is room.
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ from __future__ import annotations
 import random
 
 from llm_watchdog.gateway.admission import Ramp
-from llm_watchdog.sim.engine import Engine, Request, StepPlan, StepResult
+from llm_watchdog.sim.engine import DECODE, Engine, Request, StepPlan, StepResult
 from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import ClassTraffic, Scenario
 
 GPU_TICK_S = 0.1
+PREEMPT_RETRY_S = 2.0  # a pre-empted stream's retry, as the gateway's Retry-After asks
 
 
 class World:
-    def __init__(self, scenario: Scenario, *, seed: int = 0, thermal: bool = True) -> None:
+    def __init__(
+        self, scenario: Scenario, *, seed: int = 0, thermal: bool = True, preempt: bool = False
+    ) -> None:
         self.scenario = scenario
         self.gpu = SimGpu(scenario.gpu)
         self.engine = Engine(scenario.engine)
@@ -53,7 +59,10 @@ class World:
         self.ramp = Ramp()
         self.chat_arrivals_per_s = scenario.chat.arrivals_per_s
         self._batch_due: list[float] = []  # times at which a waiting stream may send again
-        self._batch_inflight: set[int] = set()
+        self._batch_inflight: dict[int, Request] = {}
+        self.preempt = preempt
+        self.preempted = 0  # batch requests ended by pre-emption
+        self.preempted_tokens = 0  # their output tokens, counted by steps and then lost
         self._batch_next_ok_s = 0.0  # the job's own pace (max_requests_per_s) allows a send
         self._ids = 0
         self._fill_batch(0.0)
@@ -167,7 +176,7 @@ class World:
         self._load = 0.0
         ended = [r for r in res.finished if r.id in self._batch_inflight]
         for req in ended:
-            self._batch_inflight.discard(req.id)
+            self._batch_inflight.pop(req.id, None)
         if ended:
             self._fill_batch(plan.end_s + self.scenario.batch.think_time_s)
         self.poll(plan.end_s)
@@ -212,7 +221,25 @@ class World:
             # default is; only a raise of a cap is ramped.
             was = self.allowance if before is None else before
             self.ramp.retarget(was, self.allowance, now_s, len(self._batch_inflight))
+            if self.preempt:
+                self._preempt(now_s, self.allowance)
         self.poll(now_s)
+
+    def _preempt(self, now_s: float, allowance: int) -> None:
+        """End the newest batch requests over `allowance`, as the gateway does."""
+        over = len(self._batch_inflight) - allowance
+        if over <= 0:
+            return
+        newest = sorted(self._batch_inflight.values(), key=lambda r: (r.arrival_s, r.id))
+        for req in newest[-over:]:
+            # A sequence decoding in the running step gets that step's token counted when
+            # the step ends, so it is lost too.
+            running = req.state == DECODE and self.engine.current is not None
+            self.preempted_tokens += self.engine.generated(req) + int(running)
+            self.engine.cancel(req)
+            del self._batch_inflight[req.id]
+            self.preempted += 1
+        self._fill_batch(now_s + PREEMPT_RETRY_S)
 
     def _fill_batch(self, now_s: float) -> None:
         """Streams the job wants: one due entry per stream not in flight."""
@@ -236,5 +263,5 @@ class World:
                 self._batch_next_ok_s = now_s + self._rng_batch_pace.expovariate(rate)
             self._batch_due.pop(0)
             req = self.new_request("batch", now_s)
-            self._batch_inflight.add(req.id)
+            self._batch_inflight[req.id] = req
             self.engine.submit(req)
