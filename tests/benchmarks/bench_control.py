@@ -71,6 +71,13 @@ SCENARIOS = (
     "hr-fans-fail-replaced",
     "hr-night-cooling-late-batch",
     "hr-morning-ramp",
+    # Ours, written after the law: cards, cooling, air, chat and batch unlike the above.
+    "hr-fans-stall-twice",
+    "laptop-dock-bursts",
+    "sunny-window-job-grows",
+    "night-powercap",
+    "team-arrives-long-outputs",
+    "low-target-heatwave",
 )
 # Ours without the headroom map it learns from chat (docs/control.md, "Headroom").
 NO_MAP = "ours:headroom=false"
