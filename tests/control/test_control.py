@@ -396,6 +396,39 @@ def test_where_the_gateway_ramps_a_comfortably_met_surge_comes_back_in_one_write
     assert regrowth(600.0, serving_ramps=True, inflight_after=20)[1] < 15
 
 
+def test_a_surge_shed_comes_back_step_by_step_while_the_card_is_in_thermal_slowdown() -> None:
+    """The level the surge was shed from was the cool card's: under a thermal slowdown bit
+    the one-write return would put it back on a slower engine (hr-fans-stall-twice with the
+    gateway pre-empting: 3 -> 16 at 84 °C, then missed windows)."""
+
+    def first_raise(gpu_after: GpuState | None) -> tuple[int, int]:
+        c = ours(
+            default_allowance=12, app_limited_headroom=0, surge_confirm=1, serving_ramps=True
+        )
+        now, levels = 0.0, []
+        for _ in range(24):
+            c.step(ControlInput(now, (600.0,) * 5, chat_inflight=5))
+            now += 5.0
+        while now < 135.0 or c.surge.surging:
+            n, held = (20, 20) if now < 135.0 else (5, 5)
+            gpu = None if now < 135.0 else gpu_after
+            levels.append(c.step(ControlInput(now, (600.0,) * n, gpu=gpu, chat_inflight=held)))
+            now += 5.0
+        for k in range(12):
+            levels.append(
+                c.step(ControlInput(now + 5.0 * k, (600.0,) * 5, gpu=gpu_after, chat_inflight=5))
+            )
+        low = min(a.allowance_after for a in levels)
+        shed_at = next(i for i, a in enumerate(levels) if a.allowance_after == low)
+        raised = [a.allowance_after for a in levels[shed_at:] if a.allowance_after > low]
+        return low, raised[0] if raised else low
+
+    low, back_to = first_raise(None)
+    assert low < 10 and back_to >= 19  # no heat: back in one write
+    low, back_to = first_raise(GpuState(SW_THERMAL_SLOWDOWN, 1950.0, MAX_MHZ))
+    assert low < 10 and back_to < 15, (low, back_to)
+
+
 def test_surge_cap_is_learned_from_the_level_before_the_cuts() -> None:
     c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0, surge_confirm=2)
     now = 0.0

@@ -698,6 +698,9 @@ class AllowanceController:
             and regrowing
             and self.regrow_at_once
             and self._chat_as_usual(inp)
+            # The level a surge was shed from was the cool card's: in a thermal slowdown the
+            # way back is step by step, as the hot card shows it can take it.
+            and not (inp.gpu is not None and inp.gpu.has(THERMAL_MASK))
         ):
             # The serving layer lets them in a request at a time: no prefill stampede for
             # the headroom to pace, and one write instead of a step every cooldown.
