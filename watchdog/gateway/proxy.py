@@ -177,6 +177,21 @@ def error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+def preempted_body(gw: Gateway, cls: str) -> tuple[bytes, int]:
+    """The error of a request pre-empted now (the whole body of its 503, or the data of its
+    stream's last event) and the seconds for its Retry-After."""
+    retry_s = gw.preempt_retry_after_s(cls)
+    allowance = gw.gates[cls].allowance
+    cut = "" if allowance is None else f" ({cls} allowance cut to {allowance.value})"
+    error = {
+        "message": f"{cls} request pre-empted for chat{cut}: retry after {retry_s} s",
+        "type": "preempted",
+        "param": None,
+        "code": 503,
+    }
+    return json.dumps({"error": error}).encode(), retry_s
+
+
 async def send_error(
     send: Any,
     status: int,
