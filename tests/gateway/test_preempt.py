@@ -429,6 +429,43 @@ def test_the_openai_library_raises_on_both_kinds_of_preemption(
     assert whole_error.response.headers["retry-after"] == "1"
 
 
+# -- the ASGI path ---------------------------------------------------------------------------
+
+
+def test_requests_on_the_asgi_path_are_preempted_too(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    gw = make_gateway(batch_default_allowance=2)
+    raw = json.dumps(chat_body()).encode()
+
+    def http10(headers: bytes) -> bytes:
+        # HTTP/1.0 is left to uvicorn's request cycle and proxy.py (protocol.py).
+        return (
+            b"POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"x-traffic-class: batch\r\n" + headers + b"content-length: %d\r\n\r\n" % len(raw) + raw
+        )
+
+    with connect(gw) as streaming, connect(gw) as waiting:
+        streaming.sendall(http10(b"x-test-hold: s\r\n"))
+        reader = Reader(streaming)
+        reader.read_until(lambda r: bool(r.answers) and b"data: " in r.answers[0].body)
+        waiting.sendall(http10(b"x-test-hold-prefill: p\r\n"))
+        wait_for(lambda: engine.count("open") == 2, what="both at the engine")
+        state = cut(http, gw, 0)
+        assert (state["inflight"], state["preempted"]) == (0, 2)
+        before = Reader(waiting).read_answers(1)[0]
+        assert (before.status, before.headers[b"retry-after"]) == (503, b"1")
+        assert json.loads(before.body)["error"]["type"] == "preempted"
+        reader.read_until(lambda r: r.closed)
+        assert last_event(reader.answers[0].body)["error"]["type"] == "preempted"
+        assert b"[DONE]" not in reader.answers[0].body
+    wait_for(lambda: engine.count("cancelled") == 2, what="both engine connections closed")
+    engine.release("s")
+    engine.release("p")
+    state = batch_state(http, gw)
+    assert (state["inflight"], state["observed"]["preempted_total"]) == (0, 2)
+
+
 # -- the setting -----------------------------------------------------------------------------
 
 
