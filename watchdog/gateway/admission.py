@@ -6,7 +6,9 @@ parks the ones over the allowance in FIFO order, and wakes them as places free u
 
 A class without an allowance (chat) is never queued: its gate only counts. Lowering the
 allowance under the in-flight count stops nothing that runs; new requests wait until
-enough have finished.
+enough have finished. Unless the gateway pre-empts (`--preempt-batch`): then
+`ClassGate.preempt` ends the newest requests in flight, each through its own `preempt()`,
+until the allowance holds.
 
 A raise is ramped (`ramp_per_s`, like HAProxy's `slowstart`): one more is let in at once,
 and the limit climbs from there to the new allowance at that many requests a second. Every
@@ -22,9 +24,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Outcome = Literal["admitted", "timeout", "full"]
+
+
+class Holder(Protocol):
+    """A request holding a place, that the gate can end when the allowance is cut."""
+
+    def preempt(self) -> None:
+        """End the request now; its place is already given back, so it gives back none."""
 
 
 @dataclass
@@ -169,6 +178,11 @@ class ClassGate:
         self.clock = clock  # the allowance's `now`
         self.inflight = 0
         self._queue: deque[asyncio.Future[bool]] = deque()
+        # Requests in flight that named themselves, oldest admitted first (a dict keeps
+        # insertion order): the newest are at the end, where `preempt` takes them from.
+        self._holders: dict[Holder, None] = {}
+        # Who waits behind each future that named itself, so a grant registers it at once.
+        self._waiting: dict[asyncio.Future[bool], Holder] = {}
         self._ramp_timer: asyncio.TimerHandle | None = None
 
     @property
@@ -183,22 +197,30 @@ class ClassGate:
         limit = self.limit()
         return limit is None or self.inflight < limit
 
-    def try_acquire(self) -> bool:
+    def _admit(self, holder: Holder | None) -> None:
+        self.inflight += 1
+        if holder is not None:
+            self._holders[holder] = None
+
+    def try_acquire(self, holder: Holder | None = None) -> bool:
         """Take a place if one is free and nobody waits for it: the part of `acquire()`
         that never waits, for a caller that runs without a task of its own."""
         if self._has_room() and not self._queue:
-            self.inflight += 1
+            self._admit(holder)
             return True
         return False
 
-    async def acquire(self) -> Outcome:
+    async def acquire(self, holder: Holder | None = None) -> Outcome:
         """Take a place: at once if there is room and nobody waits, else wait in line.
 
         Returns "admitted" (the caller must `release()` later), "timeout" when the wait
         ran past max_queue_wait_s, or "full" when the queue already holds max_queued.
         Cancelling the caller (its client went away) gives its place in line back.
+        With `holder`, the place is counted as the holder's from the moment it is granted
+        (before the caller runs again), and `preempt` may end it; `release(holder)` then
+        gives back nothing.
         """
-        if self.try_acquire():
+        if self.try_acquire(holder):
             return "admitted"
         wait_s = self.max_queue_wait_s or 0.0
         if wait_s <= 0:
@@ -208,13 +230,15 @@ class ClassGate:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         self._queue.append(fut)
+        if holder is not None:
+            self._waiting[fut] = holder
         self._arm_ramp()
         timer = loop.call_later(wait_s, self._give_up, fut)
         try:
             granted = await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.result():
-                self.release()  # granted just as the client left: pass the place on
+                self.release(holder)  # granted just as the client left: pass the place on
             else:
                 self._discard(fut)
             raise
@@ -222,7 +246,13 @@ class ClassGate:
             timer.cancel()
         return "admitted" if granted else "timeout"
 
-    def release(self) -> None:
+    def release(self, holder: Holder | None = None) -> None:
+        """Give a place back. A holder's place is given back once: after `preempt` took
+        it, or a release before, this gives back nothing."""
+        if holder is not None:
+            if holder not in self._holders:
+                return
+            del self._holders[holder]
         self.inflight -= 1
         self.wake()
 
@@ -230,11 +260,30 @@ class ClassGate:
         """Admit waiters, oldest first, while there is room (after a release or a raise)."""
         while self._queue and self._has_room():
             fut = self._queue.popleft()
+            holder = self._waiting.pop(fut, None)
             if fut.done():
                 continue
-            self.inflight += 1
+            self._admit(holder)
             fut.set_result(True)
         self._arm_ramp()
+
+    def preempt(self, keep: int) -> int:
+        """End the newest holders in flight, most recently admitted first, until at most
+        `keep` are in flight (or no holder is left); returns how many were ended.
+
+        Each place is given back before its holder's `preempt()` runs, so whatever that
+        does next (its own `release`, a client connection's next request) sees the count
+        as it now is. Nobody waiting is admitted: a pass only runs after a cut, which
+        leaves no room.
+        """
+        ended = 0
+        while self.inflight > keep and self._holders:
+            holder = next(reversed(self._holders))
+            del self._holders[holder]
+            self.inflight -= 1
+            ended += 1
+            holder.preempt()
+        return ended
 
     def _arm_ramp(self) -> None:
         """While some wait and the limit still climbs, wake them when it next rises."""
@@ -264,6 +313,7 @@ class ClassGate:
             fut.set_result(False)
 
     def _discard(self, fut: asyncio.Future[bool]) -> None:
+        self._waiting.pop(fut, None)
         try:
             self._queue.remove(fut)
         except ValueError:

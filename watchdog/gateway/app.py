@@ -62,6 +62,7 @@ class Gateway:
         self.changes: deque[dict[str, object]] = deque(maxlen=100)
         self.lease_expirations = dict.fromkeys(CLASSES, 0)
         self.control_changes = dict.fromkeys(CLASSES, 0)
+        self.preempted = dict.fromkeys(CLASSES, 0)
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self.primary: Upstream
         self.secondary: Upstream | None = None
@@ -111,6 +112,7 @@ class Gateway:
         if lease_s is not None:
             self._arm_lease_timer(cls, lease_s)
         gate.wake()  # a raise lets queued requests in now
+        self.preempt(cls)  # a cut under what runs ends the newest, where that is on
 
     def _arm_lease_timer(self, cls: str, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -148,7 +150,46 @@ class Gateway:
             if timer is not None:
                 timer.cancel()
             gate.wake()
+            self.preempt(cls)  # a lease that had raised the allowance ends in a cut
         return expired
+
+    def preempts(self, cls: str) -> bool:
+        """Whether a cut of `cls` ends what runs: batch only, with --preempt-batch."""
+        return cls == BATCH and self.config.preempt_batch
+
+    def preempt(self, cls: str) -> int:
+        """End the newest requests of `cls` in flight over its allowance, where the class
+        pre-empts; returns how many. Chat is never pre-empted."""
+        gate = self.gates[cls]
+        allowance = gate.allowance
+        if allowance is None or not self.preempts(cls) or gate.inflight <= allowance.value:
+            return 0
+        before = gate.inflight
+        ended = gate.preempt(allowance.value)
+        if ended:
+            self.preempted[cls] += ended
+            # One line per cut, not per request: a cut may end dozens at once.
+            log.info(
+                "pre-empted %d %s requests: allowance %d, in flight %d",
+                ended,
+                cls,
+                allowance.value,
+                before,
+            )
+        return ended
+
+    def preempt_retry_after_s(self, cls: str) -> int:
+        """Retry-After for a pre-empted request: 1 s, or the lease's end while paused.
+
+        A retry waits in the gateway's queue, not at the engine, and the queue lets it in
+        in order as places free up, so retrying soon costs the engine nothing. Only while
+        the class is paused (allowance 0 under a lease) would a retry just wait out its
+        queue wait; then it is told when the lease ends, as a 429 is.
+        """
+        allowance = self.gates[cls].allowance
+        if allowance is None:
+            return 1
+        return retry_after_from(0.0, allowance.seconds_left(self.clock()), allowance.value)
 
     def _record(self, cls: str, change: Change) -> None:
         self.changes.append(change.to_dict(cls))
@@ -185,6 +226,9 @@ class Gateway:
             "lease_expires_at": None if a is None else a.lease_expires_at,
             "reason": None if a is None else a.reason,
             "set_at": None if a is None else a.set_at,
+            # Whether a cut ends what runs over it, and how many it ended since the start.
+            "preempt": self.preempts(cls),
+            "preempted": self.preempted[cls],
             "observed": self.observer[cls].summary(self.wall(), self.config.observed_window_s),
         }
 
@@ -218,6 +262,7 @@ class Gateway:
             "lease_expires_timestamp_seconds": {},
             "lease_expirations": {},
             "control_changes": {},
+            "preempted": {},
         }
         for cls, gate in self.gates.items():
             gauges["inflight"][cls] = gate.inflight
@@ -231,6 +276,7 @@ class Gateway:
                 gauges["lease_expires_timestamp_seconds"][cls] = a.lease_expires_at
                 gauges["lease_expirations"][cls] = self.lease_expirations[cls]
                 gauges["control_changes"][cls] = self.control_changes[cls]
+                gauges["preempted"][cls] = self.preempted[cls]
         return gauges
 
 

@@ -168,6 +168,12 @@ def _env_name(param_name: str) -> str:
     show_default=True,
     help="Batch requests let in per second after a raise (0: all at once).",
 )
+@click.option(
+    "--preempt-batch",
+    is_flag=True,
+    help="A cut of the batch allowance ends the newest batch requests in flight over it "
+    "(their clients get 503 or an error event, and retry).",
+)
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
 @click.option(
@@ -248,6 +254,7 @@ def gateway(
     max_queue_wait: float,
     max_queued: int,
     batch_ramp: float,
+    preempt_batch: bool,
     priorities: tuple[str, ...],
     priority_higher_first: bool,
     upstream_first_byte_timeout: float,
@@ -288,6 +295,7 @@ def gateway(
             max_queue_wait_s=max_queue_wait,
             max_queued=max_queued,
             batch_ramp_per_s=batch_ramp,
+            preempt_batch=preempt_batch,
             priorities=_priorities(priorities),
             priority_higher_first=priority_higher_first,
             upstream_first_byte_timeout_s=upstream_first_byte_timeout,
@@ -356,12 +364,13 @@ def _announce(url: str, config: GatewayConfig) -> None:
         )
     token = "set" if config.control_token else f"not set, changes refused (set ${TOKEN_ENV})"
     log.info(
-        "gateway listening on %s -> %s; batch allowance %d (ceiling %d, queue wait %g s); "
+        "gateway listening on %s -> %s; batch allowance %d (ceiling %d, queue wait %g s%s); "
         "control token %s",
         url,
         config.upstream_url,
         config.batch_default_allowance,
         config.batch_ceiling,
         config.max_queue_wait_s,
+        ", pre-empted when cut" if config.preempt_batch else "",
         token,
     )

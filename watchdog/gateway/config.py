@@ -45,6 +45,10 @@ class GatewayConfig:
     batch_ramp_per_s: float = DEFAULT_BATCH_RAMP_PER_S
     # Batch requests waiting at once; one more is rejected at once (memory stays bounded).
     max_queued: int = 1024
+    # A cut of the batch allowance under what runs ends the newest batch requests in flight
+    # (503 or an error event; the client retries), instead of letting them run to their end
+    # while a chat burst waits behind them. Chat is never pre-empted.
+    preempt_batch: bool = False
     # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
     priorities: Mapping[str, int] = field(default_factory=dict)
     priority_field: str = "priority"
@@ -108,6 +112,8 @@ class GatewayConfig:
                 f"batch_ramp_per_s must be >= 0 requests a second (0: no ramp), "
                 f"got {self.batch_ramp_per_s}"
             )
+        if not isinstance(self.preempt_batch, bool):
+            raise ValueError(f"preempt_batch must be true or false, got {self.preempt_batch!r}")
         if not _is_int(self.max_queued) or self.max_queued < 0:
             raise ValueError(f"max_queued must be an integer >= 0, got {self.max_queued!r}")
         for cls, value in self.priorities.items():

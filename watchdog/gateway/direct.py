@@ -13,7 +13,9 @@ are the ASGI proxy's own (proxy.py); what differs is how the bytes move:
   (`pause`/`resume`, from the client transport's write-buffer marks), and a pipelined
   request waits with the client's reading paused until the answers before it are out;
 - a client that goes cancels whatever runs for it: the wait in line, the connect, or the
-  engine's answer (its connection is closed, so the engine stops generating).
+  engine's answer (its connection is closed, so the engine stops generating);
+- with pre-emption on (`--preempt-batch`), a cut of the batch allowance ends the newest
+  batch requests in flight the same way, and tells their clients to retry (`preempt`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from llm_watchdog.gateway.proxy import (
     error_body,
     forward_headers,
     inject_priority,
+    preempted_body,
     rejection,
     relay_headers,
     too_large,
@@ -232,7 +235,7 @@ class Exchange:
             return
         stats.work_requests += 1
         gw.expire_leases()
-        if gw.gates[cls].try_acquire():
+        if gw.gates[cls].try_acquire(self):
             stats.record_queue_wait(gw.wall(), 0.0)
             self.admitted = True
             self._send(gw.primary)
@@ -250,10 +253,10 @@ class Exchange:
         stats = gw.observer[cls]
         started = gw.clock()
         try:
-            outcome = await gw.gates[cls].acquire()
+            outcome = await gw.gates[cls].acquire(self)
         except asyncio.CancelledError:
             self.task = None
-            if not self.gone:  # the server stops past its grace time
+            if not self.gone and not self.finished:  # the server stops past its grace time
                 self._shut_out()
             return
         self.task = None
@@ -289,7 +292,7 @@ class Exchange:
             conn = await upstream.connect()
         except asyncio.CancelledError:
             self.task = None
-            if not self.gone:
+            if not self.gone and not self.finished:  # not pre-empted: the server stops
                 self._shut_out()
             return
         except UpstreamError as exc:
@@ -481,7 +484,7 @@ class Exchange:
         self.finished = True
         if self.admitted:
             self.admitted = False
-            self.gw.gates[self.cls].release()
+            self.gw.gates[self.cls].release(self)
             counted = result
         else:
             counted = "rerouted" if self.gated else result
@@ -498,7 +501,17 @@ class Exchange:
         outcome: bool = False,
     ) -> None:
         """An error in OpenAI's shape, as the whole answer; `outcome`: count upstream_error."""
-        body = error_body(message, kind, code)
+        self._reply(status, error_body(message, kind, code), extra)
+        if outcome:
+            self._end("upstream_error")
+        else:
+            self.finished = True
+        self.client.exchange_done(self)
+
+    def _reply(
+        self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        """A JSON answer, whole, written to the client."""
         parts = [STATUS_LINE[status]]
         for name, value in self.client.default_headers():
             parts += (name, b": ", value, b"\r\n")
@@ -514,17 +527,12 @@ class Exchange:
         parts += (b"\r\n", body)
         self.answered = True
         self.client.transport.write(b"".join(parts))
-        if outcome:
-            self._end("upstream_error")
-        else:
-            self.finished = True
-        self.client.exchange_done(self)
 
     def _shut_out(self) -> None:
         """The server stops while this request waits: it never reached the engine."""
         if self.admitted:  # admitted, and waiting for a connection to the engine
             self.admitted = False
-            self.gw.gates[self.cls].release()
+            self.gw.gates[self.cls].release(self)
         self._answer(
             503,
             "the gateway is shutting down: retry in a moment",
@@ -547,12 +555,43 @@ class Exchange:
             self.finished = True
             if self.admitted:
                 self.admitted = False
-                self.gw.gates[self.cls].release()
+                self.gw.gates[self.cls].release(self)
             # Clients (the openai library among them) close a stream once they read [DONE],
             # before the last empty chunk: that answer arrived whole.
             outcome = "ok" if self.done_seen else "disconnected"
             self.gw.observer[self.cls].outcomes[outcome] += 1
         self.finished = True
+
+    def preempt(self) -> None:
+        """The class's allowance was cut under what runs, and this request is among the
+        newest: end it now. The gate has given its place back already.
+
+        Before the answer's headers: 503 with Retry-After and the error in OpenAI's shape.
+        Mid-stream: the error as the stream's last event, then the connection closes with
+        the chunked body unfinished and no [DONE]. The openai library raises on an event
+        that holds an "error"; a client that reads only the framing (httpx, requests) sees
+        an incomplete body, which is an error too, where a clean end would read as a short
+        answer. A non-streamed answer under way is cut off by the close alone.
+        """
+        self.admitted = False
+        if self.finished or self.gone:
+            return
+        if self.task is not None:  # granted and not yet running, or connecting upstream
+            self.task.cancel()
+            self.task = None
+        self._release(False)  # closing it tells the engine to stop generating
+        self.finished = True
+        self.gw.observer[self.cls].outcomes["preempted"] += 1
+        body, retry_s = preempted_body(self.gw, self.cls)
+        if not self.answered:
+            self._reply(503, body, [(b"retry-after", b"%d" % retry_s)])
+            self.client.exchange_done(self)
+            return
+        transport = self.client.transport
+        if self.streamed and self.chunked:
+            event = b"data: " + body + b"\n\n"
+            transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+        transport.close()
 
     # -- backpressure from the client ----------------------------------------------------
 

@@ -73,6 +73,7 @@ OUTCOMES = (
     "rerouted",  # sent to the secondary upstream instead of waiting longer
     "disconnected",  # the client left before the answer was complete
     "upstream_error",  # upstream unreachable, timed out, or broke mid-answer
+    "preempted",  # ended by the gateway when its class's allowance was cut (--preempt-batch)
 )
 
 
@@ -280,4 +281,8 @@ GAUGE_HELP = {
     ),
     "lease_expirations": ("counter", "Leases that ran out and restored the default."),
     "control_changes": ("counter", "Allowance changes accepted by the control API."),
+    "preempted": (
+        "counter",
+        "Requests in flight ended when the allowance was cut under them (--preempt-batch).",
+    ),
 }

@@ -100,6 +100,23 @@ class Progress:
     """How far an answer got, read after its work was cancelled."""
 
     done_seen = False
+    started = False  # the status line and headers went to the client
+    streamed = False
+
+
+class Held:
+    """A request on the ASGI path holding a place: pre-empting it cancels its task, and the
+    task answers for it (`Proxy._preempted`)."""
+
+    __slots__ = ("task", "preempted")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.preempted = False
+
+    def preempt(self) -> None:
+        self.preempted = True
+        self.task.cancel()
 
 
 class ClassError(ValueError):
@@ -177,6 +194,21 @@ def error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+def preempted_body(gw: Gateway, cls: str) -> tuple[bytes, int]:
+    """The error of a request pre-empted now (the whole body of its 503, or the data of its
+    stream's last event) and the seconds for its Retry-After."""
+    retry_s = gw.preempt_retry_after_s(cls)
+    allowance = gw.gates[cls].allowance
+    cut = "" if allowance is None else f" ({cls} allowance cut to {allowance.value})"
+    error = {
+        "message": f"{cls} request pre-empted for chat{cut}: retry after {retry_s} s",
+        "type": "preempted",
+        "param": None,
+        "code": 503,
+    }
+    return json.dumps({"error": error}).encode(), retry_s
+
+
 async def send_error(
     send: Any,
     status: int,
@@ -246,12 +278,14 @@ class Proxy:
         progress = Progress()
         task = asyncio.current_task()
         assert task is not None
+        held = Held(task)
         left = False
 
         def on_gone() -> None:
             nonlocal left
             left = True
-            task.cancel()
+            if not held.preempted:  # cancelled already
+                task.cancel()
 
         # The work runs right here (no extra task: one fewer turn of the event loop before
         # the request goes upstream); when the client goes away, on_gone cancels it. The
@@ -272,16 +306,21 @@ class Proxy:
 
             watch.add_done_callback(on_watch_done)
         try:
-            await self._handle(scope, send, cls, body, progress)
+            await self._handle(scope, send, cls, body, progress, held)
         except asyncio.CancelledError:
-            if not left:
+            if not left and not held.preempted:
                 raise  # the server is shutting down past its grace time
             uncancel = getattr(task, "uncancel", None)
             if uncancel is not None:  # Python 3.11+: this cancellation was ours, and handled
                 uncancel()
-            # Clients (the openai library among them) close a stream once they read [DONE],
-            # before the last empty chunk: that answer arrived whole.
-            stats.outcomes["ok" if progress.done_seen else "disconnected"] += 1
+            if held.preempted:
+                stats.outcomes["preempted"] += 1
+                if not left:
+                    await self._preempted(send, cls, progress)
+            else:
+                # Clients (the openai library among them) close a stream once they read
+                # [DONE], before the last empty chunk: that answer arrived whole.
+                stats.outcomes["ok" if progress.done_seen else "disconnected"] += 1
         finally:
             if gone is not None:
                 gone.remove(on_gone)
@@ -290,7 +329,7 @@ class Proxy:
                 watch.cancel()
 
     async def _handle(
-        self, scope: Scope, send: Any, cls: str, body: bytes, progress: Progress
+        self, scope: Scope, send: Any, cls: str, body: bytes, progress: Progress, held: Held
     ) -> None:
         gw = self.gw
         stats = gw.observer[cls]
@@ -311,7 +350,7 @@ class Proxy:
             stats.work_requests += 1
             gw.expire_leases()
             started = gw.clock()
-            outcome = await gate.acquire()
+            outcome = await gate.acquire(held)
             stats.record_queue_wait(gw.wall(), gw.clock() - started)
             admitted = outcome == "admitted"
             if not admitted:
@@ -324,8 +363,25 @@ class Proxy:
             result = await self._forward(scope, send, cls, body, upstream, progress)
         finally:
             if admitted:
-                gate.release()
+                gate.release(held)  # nothing if pre-empted: the gate took its place then
         stats.outcomes["rerouted" if gated and not admitted else result] += 1
+
+    async def _preempted(self, send: Any, cls: str, progress: Progress) -> None:
+        """Tell a pre-empted request's client, as the direct path does (Exchange.preempt):
+        503 before the headers; once they are out, the error as the stream's last event,
+        and the answer left unfinished (the server closes the connection)."""
+        body, retry_s = preempted_body(self.gw, cls)
+        if not progress.started:
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"retry-after", b"%d" % retry_s),
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        elif progress.streamed:
+            event = b"data: " + body + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
 
     async def _reject(self, send: Any, cls: str, outcome: str) -> None:
         message, code, headers = rejection(self.gw, cls, outcome)
@@ -358,8 +414,10 @@ class Proxy:
         try:
             status = response.status
             headers = relay_headers(response.headers)  # names are lower-case already
-            await send({"type": "http.response.start", "status": status, "headers": headers})
             streamed = status < 300 and response.header(b"content-type").startswith(STREAM_TYPES)
+            progress.streamed = streamed
+            progress.started = True  # before the send: a pre-empted answer gets no second start
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             chunks = 0
             next_chunk = response.next_chunk
             try:
