@@ -30,7 +30,7 @@ from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import ClassTraffic, Scenario
 
 GPU_TICK_S = 0.1
-PREEMPT_RETRY_S = 2.0  # a pre-empted stream's retry, as the gateway's Retry-After asks
+PREEMPT_RETRY_S = 1.0  # a pre-empted stream retries after the gateway's Retry-After (1 s)
 
 
 class World:
