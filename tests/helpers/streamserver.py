@@ -31,6 +31,8 @@ Behaviour (keyword arguments of `StreamServer(...)` and `set(...)`; read once pe
     role_chunk          send llama.cpp's role-only first chunk (`content: null`), default True
     usage               send the usage chunk when the request asks for it, default True
     load_duration_ms    Ollama native: `load_duration` reported on the final line
+    prompt_ms           None, or llama.cpp's `timings` object (this `prompt_ms`, `prompt_n` 12)
+                        on the usage chunk, or on the finish chunk when none is sent
     idle_close_s        close a keep-alive connection idle this long (llama.cpp answers with
                         `Keep-Alive: timeout=5, max=100` and closes idle ones)
     fault               None, or one of:
@@ -125,6 +127,7 @@ class Behaviour:
     role_chunk: bool = True
     usage: bool = True
     load_duration_ms: float = 0.0
+    prompt_ms: float | None = None
     idle_close_s: float | None = None
     fault: str | None = None
     fault_after_tokens: int = 1
@@ -352,12 +355,17 @@ class _Handler(BaseHTTPRequestHandler):
                 rec.t_first_token_ns = time.perf_counter_ns()
             if sent == b.fault_after_tokens and self._fault_mid_stream(b):
                 return
-        self._event(_chunk_obj(cid, b.model, {}, finish="stop"))
-        if include_usage and b.usage:
+        with_usage = include_usage and b.usage
+        finish = _chunk_obj(cid, b.model, {}, finish="stop")
+        if b.prompt_ms is not None and not with_usage:
+            finish["timings"] = _timings(b, sent)
+        self._event(finish)
+        if with_usage:
             usage = {"completion_tokens": sent, "prompt_tokens": 12, "total_tokens": 12 + sent}
-            self._event(
-                {"id": cid, "object": "chat.completion.chunk", "choices": [], "usage": usage}
-            )
+            last = {"id": cid, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            if b.prompt_ms is not None:
+                last["timings"] = _timings(b, sent)
+            self._event(last)
         if b.fault != "no_done":
             self._chunk(b"data: [DONE]\n\n")
 
@@ -437,6 +445,18 @@ def _chunk_obj(cid: str, model: str, delta: dict[str, Any], finish: str | None =
         "id": cid,
         "model": model,
         "object": "chat.completion.chunk",
+    }
+
+
+def _timings(b: Behaviour, sent: int) -> dict[str, Any]:
+    """llama.cpp's per-request `timings`, as it puts them on the last chunk."""
+    return {
+        "cache_n": 0,
+        "prompt_n": 12,
+        "prompt_ms": b.prompt_ms,
+        "prompt_per_token_ms": (b.prompt_ms or 0.0) / 12,
+        "predicted_n": sent,
+        "predicted_ms": 1.0,
     }
 
 

@@ -5,7 +5,9 @@ Each stream keeps one request in flight: a long document in, JSON out, sent as b
 its Retry-After, as a polite batch client does. Real HTTP over sockets, one thread a stream.
 
 Output is counted in tokens from the stream's usage chunk (`stream_options.include_usage`);
-an engine that sends none is counted in characters, and `tokens_known` says which. With a
+an engine that sends none is counted in characters, and `tokens_known` says which. Where the
+engine puts its own `timings` on the stream (llama.cpp), the row keeps its prefill time and
+prompt tokens (`prompt_ms`, `prompt_n`). With a
 queue cap, a request whose response has not begun within the cap is given up and counted as a
 queue rejection, as a gateway's `--max-queue-wait` would. Every request leaves a row in
 `BatchLoad.rows` (for the bench's stored run).
@@ -24,6 +26,7 @@ from typing import Any
 import httpx
 
 from llm_watchdog.probe.engine import api_root
+from llm_watchdog.probe.streams import engine_timings
 
 _WORDS = (
     "invoice contract supplier delivery payment amount total customer order shipment date "
@@ -274,6 +277,9 @@ class BatchLoad:
             usage = chunk.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 tokens = usage["completion_tokens"]
+            prompt_ms, prompt_n = engine_timings(chunk)
+            if prompt_ms is not None:
+                row["prompt_ms"], row["prompt_n"] = prompt_ms, prompt_n
             for choice in chunk.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") or ""
                 if text and "ttft_ms" not in row:

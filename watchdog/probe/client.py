@@ -3,7 +3,9 @@
 `Prober.probe(prompt, probe_set)` sends one deterministic chat request (temperature 0, fixed
 seed, the prompt's `max_tokens`) and returns a `ProbeResult`. Every failure is a result with
 `ok=False`, an `error_class` from `llm_watchdog.models.ERROR_CLASSES` and a one-line
-`error_detail` that says what to try; no exception escapes `probe()`.
+`error_detail` that says what to try; no exception escapes `probe()`. `probe_timed()` returns
+the same result with the engine's own timings of the request beside it (`EngineTimings`: what
+llama.cpp reports in its `timings` object; every field None for the engines that report none).
 
 Clocks: `time.perf_counter_ns()` for every duration, `now()` (UTC unix seconds) for the stamp.
 TTFT runs from "request sent" (the request headers handed to the kernel; connection set-up
@@ -119,6 +121,14 @@ class ProbeOptions:
             raise ValueError(f"probe option api must be 'openai' or 'ollama', got {self.api!r}")
 
 
+@dataclass(frozen=True)
+class EngineTimings:
+    """The engine's own account of one request, where it gives one (llama.cpp's `timings`)."""
+
+    prompt_ms: float | None = None  # prefill: the prompt's evaluation
+    prompt_n: int | None = None  # prompt tokens evaluated (the uncached part)
+
+
 class _Failure(Exception):
     """Raised inside the probe, turned into a failed ProbeResult at its edge."""
 
@@ -148,6 +158,8 @@ class _Measure:
     reasoning: list[str] = field(default_factory=list)
     usage_tokens: int | None = None
     load_duration_ms: float | None = None
+    prompt_ms: float | None = None
+    prompt_n: int | None = None
     finished: bool = False  # a choice reported finish_reason
     done: bool = False  # [DONE] or Ollama's done: true
     server_error: str | None = None
@@ -190,6 +202,10 @@ class _Measure:
             self.usage_tokens = event.completion_tokens
         if event.load_duration_ms is not None:
             self.load_duration_ms = event.load_duration_ms
+        if event.prompt_ms is not None:
+            self.prompt_ms = event.prompt_ms
+        if event.prompt_n is not None:
+            self.prompt_n = event.prompt_n
 
 
 class _ReadClock:
@@ -347,6 +363,12 @@ class Prober:
     def probe(
         self, prompt: Prompt, probe_set: str, now: Callable[[], float] = time.time
     ) -> ProbeResult:
+        return self.probe_timed(prompt, probe_set, now)[0]
+
+    def probe_timed(
+        self, prompt: Prompt, probe_set: str, now: Callable[[], float] = time.time
+    ) -> tuple[ProbeResult, EngineTimings]:
+        """`probe()`, with the engine's timings of the request beside its result."""
         body, cache_bust = self.request_body(prompt)
         ts = now()
         base = {
@@ -363,12 +385,13 @@ class Prober:
                 m = self._attempt(body, prompt.max_tokens)
             except _StaleConnection:
                 m = self._attempt(body, prompt.max_tokens, retry=True)
-            return self._success(base, m, prompt)
+            return self._success(base, m, prompt), _timings(m)
         except _Failure as exc:
-            return self._failure(base, exc, exc.measure)
+            return self._failure(base, exc, exc.measure), _timings(exc.measure)
         except Exception as exc:  # the contract: no exception escapes a probe
             detail = f"unexpected {type(exc).__name__} while probing {self.endpoint}: {exc}"
-            return self._failure(base, _Failure("protocol_error", " ".join(detail.split())), None)
+            failure = _Failure("protocol_error", " ".join(detail.split()))
+            return self._failure(base, failure, None), EngineTimings()
 
     def request_body(self, prompt: Prompt) -> tuple[dict[str, Any], str]:
         """The JSON body for `prompt` and how it busts the prompt cache."""
@@ -713,6 +736,12 @@ def _numbers(m: _Measure) -> dict[str, Any]:
         "answer": _answer(m),
         "load_duration_ms": m.load_duration_ms,
     }
+
+
+def _timings(m: _Measure | None) -> EngineTimings:
+    if m is None:
+        return EngineTimings()
+    return EngineTimings(prompt_ms=m.prompt_ms, prompt_n=m.prompt_n)
 
 
 def _tokens(n: int) -> str:

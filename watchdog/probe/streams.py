@@ -62,6 +62,9 @@ class StreamEvent:
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     load_duration_ms: float | None = None  # Ollama native: time spent loading the model
+    # llama.cpp's `timings` on the last chunk: its prefill time and prompt tokens evaluated
+    prompt_ms: float | None = None
+    prompt_n: int | None = None
     message: str = ""  # what went wrong, for server_error and protocol_error
 
     @property
@@ -245,6 +248,7 @@ def _openai_chunk(obj: dict[str, Any]) -> StreamEvent:
             if isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
     completion, prompt = _usage(obj.get("usage"))
+    prompt_ms, prompt_n = engine_timings(obj)
     return StreamEvent(
         CHUNK,
         content="".join(content),
@@ -253,7 +257,18 @@ def _openai_chunk(obj: dict[str, Any]) -> StreamEvent:
         finish_reason=finish,
         completion_tokens=completion,
         prompt_tokens=prompt,
+        prompt_ms=prompt_ms,
+        prompt_n=prompt_n,
     )
+
+
+def engine_timings(obj: Any) -> tuple[float | None, int | None]:
+    """(prompt_ms, prompt_n) from llama.cpp's `timings` object on a chunk or a whole answer;
+    (None, None) where the engine sends none (vLLM, SGLang, TGI, Ollama)."""
+    timings = obj.get("timings") if isinstance(obj, dict) else None
+    if not isinstance(timings, dict):
+        return None, None
+    return _number(timings.get("prompt_ms")), _count(timings.get("prompt_n"))
 
 
 def _ollama_line(obj: dict[str, Any]) -> list[StreamEvent]:
