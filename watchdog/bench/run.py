@@ -24,9 +24,9 @@ from llm_watchdog.bench.loadgen import BatchLoad
 from llm_watchdog.bench.observe import Observer, gpu_summary
 from llm_watchdog.bench.scheduler import summarise
 from llm_watchdog.bench.stats import percentile_interval
-from llm_watchdog.bench.summary import chat_latencies, level_summary
+from llm_watchdog.bench.summary import chat_latencies, engine_wait_ms, level_summary
 from llm_watchdog.errors import WatchdogError
-from llm_watchdog.probe.client import Prober
+from llm_watchdog.probe.client import EngineTimings, Prober
 from llm_watchdog.probe.engine import api_root
 from llm_watchdog.probe.sets import ProbeSet
 
@@ -69,7 +69,8 @@ class BenchResult:
     stop_reason: str | None = None
 
 
-def chat_row(level_index: int, r: Any) -> dict[str, Any]:
+def chat_row(level_index: int, r: Any, timings: EngineTimings | None = None) -> dict[str, Any]:
+    prompt_ms = timings.prompt_ms if timings else None
     return {
         "level_index": level_index,
         "ts": r.ts,
@@ -82,7 +83,18 @@ def chat_row(level_index: int, r: Any) -> dict[str, Any]:
         "error_class": r.error_class,
         "error_detail": r.error_detail,
         "answer": (r.answer or "")[:200],
+        "prompt_ms": prompt_ms,
+        "prompt_n": timings.prompt_n if timings else None,
+        "engine_wait_ms": engine_wait_ms(r.ttft_ms, prompt_ms),
     }
+
+
+def batch_row(level_index: int, r: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        r,
+        level_index=level_index,
+        engine_wait_ms=engine_wait_ms(r.get("ttft_ms"), r.get("prompt_ms")),
+    )
 
 
 def run_bench(
@@ -180,8 +192,8 @@ def _level(
         while time.monotonic() < end and not stop.is_set():
             prompt = probe_set.prompts[i % len(probe_set.prompts)]
             i += 1
-            r = prober.probe(prompt, probe_set.name)
-            chat.append(chat_row(index, r))
+            r, timings = prober.probe_timed(prompt, probe_set.name)
+            chat.append(chat_row(index, r, timings))
             if progress:
                 iv = percentile_interval(chat_latencies(chat), 95, resamples=1)
                 progress(
@@ -199,7 +211,7 @@ def _level(
     finally:
         measured_s = time.monotonic() - started
         load.stop()
-        batch = [dict(r, level_index=index) for r in load.take_rows()]
+        batch = [batch_row(index, r) for r in load.take_rows()]
         snaps, gpu = observer.take()
         out.chat_rows.extend(chat)
         out.batch_rows.extend(batch)

@@ -3,6 +3,11 @@
 Chat latency is taken over right answers only: a failed request is counted as failed and a
 wrong answer as wrong, never as a fast TTFT. The quality pass rate is right answers over
 every chat request sent, so a server that answers quickly and wrongly shows it.
+
+The per-class view comes from the engine's own timings of each request, where it gives them
+(llama.cpp's `timings`: `prompt_ms`, its prefill time): a request's wait in the engine's queue
+is its TTFT less its prefill, kept apart for chat and batch. The scheduler metrics from
+/metrics (`engine_queue_ms_mean`, `engine_prefill_ms_mean`) mix the two classes.
 """
 
 from __future__ import annotations
@@ -10,9 +15,72 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_watchdog.bench.stats import percentile_interval, rate
+from llm_watchdog.bench.stats import percentile, percentile_interval, rate
 
 PERCENTILES = (50, 95, 99)
+CLASSES = ("chat", "batch")
+NO_TIMINGS_NOTE = (
+    "the engine gives no per-request timings (llama.cpp does; vLLM, SGLang, TGI, Ollama do "
+    "not): the engine queue and prefill figures mix chat and batch"
+)
+
+
+def engine_wait_ms(ttft_ms: Any, prompt_ms: Any) -> float | None:
+    """How long a request waited in the engine's queue: its TTFT less the engine's prefill
+    time. It also holds the HTTP and tokenising overhead (a few ms), so a request that did not
+    queue reads a little above 0; a prefill reported longer than the TTFT reads 0."""
+    if ttft_ms is None or prompt_ms is None:
+        return None
+    return max(0.0, float(ttft_ms) - float(prompt_ms))
+
+
+def per_class(
+    chat: Sequence[Mapping[str, Any]], batch: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Per class: the engine-queue wait (p50, p95) and the prefill (p50) of the requests the
+    engine timed, with how many they are; a note where no request of either class was."""
+    out: dict[str, Any] = {}
+    timed_any = False
+    for cls, rows in (("chat", chat), ("batch", batch)):
+        done = [
+            r
+            for r in rows
+            if (r.get("ok") if cls == "chat" else r.get("outcome") == "ok")
+            and r.get("engine_wait_ms") is not None
+        ]
+        waits = [float(r["engine_wait_ms"]) for r in done]
+        prefills = [float(r["prompt_ms"]) for r in done]
+        out[f"{cls}_timed"] = len(done)
+        out[f"{cls}_engine_wait_p50_ms"] = percentile(waits, 50)
+        out[f"{cls}_engine_wait_p95_ms"] = percentile(waits, 95)
+        out[f"{cls}_prefill_p50_ms"] = percentile(prefills, 50)
+        timed_any = timed_any or bool(done)
+    out["per_class_note"] = None if timed_any else NO_TIMINGS_NOTE
+    return out
+
+
+def per_class_line(lv: Mapping[str, Any]) -> str:
+    """One level's per-class view in one line."""
+    head = f"batch {lv.get('batch_streams')}: "
+    if lv.get("per_class_note") or not any(lv.get(f"{c}_timed") for c in CLASSES):
+        return head + (lv.get("per_class_note") or NO_TIMINGS_NOTE)
+    parts = []
+    for cls in CLASSES:
+        n = lv.get(f"{cls}_timed") or 0
+        if not n:
+            parts.append(f"{cls}: no timed requests")
+            continue
+        p50, p95 = lv.get(f"{cls}_engine_wait_p50_ms"), lv.get(f"{cls}_engine_wait_p95_ms")
+        prefill = lv.get(f"{cls}_prefill_p50_ms")
+        parts.append(
+            f"{cls} waited {_ms(p50)} p50 / {_ms(p95)} p95 in the engine's queue, "
+            f"prefilled {_ms(prefill)} p50 ({n} requests)"
+        )
+    return head + "; ".join(parts)
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.0f} ms" if value is not None else "-"
 
 
 def chat_latencies(chat: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -80,6 +148,7 @@ def level_summary(
     out["engine_queue_ms_mean"] = sched.get("queue_ms_mean")
     out["engine_prefill_ms_mean"] = sched.get("prefill_ms_mean")
     out["engine_note"] = sched.get("note")
+    out.update(per_class(chat, batch))
     out.update(gpu or {})
     return out
 

@@ -25,7 +25,7 @@ from llm_watchdog.bench.run import (
     parse_levels,
     run_bench,
 )
-from llm_watchdog.bench.summary import cold_summary
+from llm_watchdog.bench.summary import NO_TIMINGS_NOTE, cold_summary, per_class_line
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.daemon.service import probe_options, server_port
@@ -86,6 +86,19 @@ LEVEL_HEADERS = {
     "sm_clock_mhz_min": "clk_min",
     "throttled_share": "throttled",
 }
+# The per-class view (engine timings per request): in JSON and CSV as columns, under the
+# table as one line a level, with the counts behind each figure.
+PER_CLASS_COLUMNS = [
+    "chat_timed",
+    "chat_engine_wait_p50_ms",
+    "chat_engine_wait_p95_ms",
+    "chat_prefill_p50_ms",
+    "batch_timed",
+    "batch_engine_wait_p50_ms",
+    "batch_engine_wait_p95_ms",
+    "batch_prefill_p50_ms",
+    "per_class_note",
+]
 LIST_COLUMNS = [
     "id",
     "started",
@@ -363,11 +376,13 @@ def _run(
         click.echo(cold_summary(result.cold_start) if result.cold_start else "cold start: -")
     else:
         click.echo(cold_summary(result.cold_start) if result.cold_start else "", err=True)
-    emit(result.levels, LEVEL_COLUMNS, fmt, headers=LEVEL_HEADERS)
+    _levels(result.levels, fmt)
     for lv in result.levels:
         if lv.get("engine_note"):
             click.echo(f"# batch {lv['batch_streams']}: {lv['engine_note']}", err=True)
             break
+    for line in _per_class_lines(result.levels):
+        click.echo(f"# per class, {line}", err=True)
     if run_id is not None:
         state = "" if result.complete else " (incomplete)"
         click.echo(f"# stored as bench run #{run_id}{state}", err=True)
@@ -502,7 +517,23 @@ def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fm
             cold_summary(run["cold_start"]) if run["cold_start"] else "cold start: -",
         ):
             click.echo(line)
-    emit(run["levels"], LEVEL_COLUMNS, fmt, headers=LEVEL_HEADERS)
+    _levels(run["levels"], fmt)
+    if fmt == "table":
+        for line in _per_class_lines(run["levels"]):
+            click.echo(f"per class, {line}")
+
+
+def _levels(levels: list[dict[str, Any]], fmt: str) -> None:
+    columns = LEVEL_COLUMNS if fmt == "table" else LEVEL_COLUMNS + PER_CLASS_COLUMNS
+    emit(levels, columns, fmt, headers=LEVEL_HEADERS)
+
+
+def _per_class_lines(levels: list[dict[str, Any]]) -> list[str]:
+    """One line a level; where no level had timed requests, the note once (it is the engine's
+    doing, the same at every level). A run stored before the per-class view gets the note."""
+    if levels and not any(lv.get("chat_timed") or lv.get("batch_timed") for lv in levels):
+        return [NO_TIMINGS_NOTE]
+    return [per_class_line(lv) for lv in levels]
 
 
 @bench.command("compare")

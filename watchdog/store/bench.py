@@ -1,5 +1,5 @@
 """Bench runs in the store: the `bench_runs`, `bench_requests` and `bench_gpu_samples` tables
-(migration m008), written once per run and read by `bench list`, `show` and `compare`.
+(migrations m008, m009), written once per run and read by `bench list`, `show` and `compare`.
 
 A run is written in one transaction, its raw rows with it, so a run is either all there or
 not at all; an interrupted run is written the same way, marked incomplete.
@@ -51,6 +51,9 @@ _REQUEST_FIELDS = (
     "quality_pass",
     "error_class",
     "detail",
+    "prompt_ms",
+    "prompt_n",
+    "engine_wait_ms",
 )
 # What `bench show --requests` lists: every stored request column but the run and the detail.
 REQUEST_LISTING_COLUMNS = [c for c in _REQUEST_FIELDS if c not in ("run_id", "detail")]
@@ -122,6 +125,7 @@ def _chat(run_id: int, r: Mapping[str, Any]) -> dict[str, Any]:
         "quality_pass": None if qp is None else int(bool(qp)),
         "error_class": r.get("error_class"),
         "detail": r.get("error_detail") or r.get("answer"),
+        **_timings(r),
     }
 
 
@@ -138,7 +142,13 @@ def _batch(run_id: int, r: Mapping[str, Any]) -> dict[str, Any]:
         "output_tokens": r.get("output_tokens"),
         "output_chars": r.get("output_chars"),
         "detail": r.get("detail"),
+        **_timings(r),
     }
+
+
+def _timings(r: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine's own timings of the request (None where it gives none)."""
+    return {k: r.get(k) for k in ("prompt_ms", "prompt_n", "engine_wait_ms")}
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
