@@ -16,6 +16,7 @@ import pytest
 import sqlite_utils
 from click.testing import CliRunner
 
+from llm_watchdog.bench.compare import compare_runs
 from llm_watchdog.bench.loadgen import BatchLoad
 from llm_watchdog.bench.summary import NO_TIMINGS_NOTE, engine_wait_ms, per_class
 from llm_watchdog.cli import cli
@@ -209,3 +210,34 @@ def test_the_migration_keeps_old_bench_rows_with_null_timings(tmp_path):
             "SELECT ttft_ms, prompt_ms, prompt_n, engine_wait_ms FROM bench_requests"
         ).fetchone()
     assert row == (12.5, None, None, None)
+
+
+def test_compare_says_how_far_chat_moved_in_the_engines_queue(tmp_path):
+    db = tmp_path / "b.db"
+    for delay_s in (0.2, 0.05):  # B's chat waits about 150 ms less
+        with StreamServer(
+            answer="Paris", first_token_delay_s=delay_s, prompt_ms=20.0, engine="llamacpp"
+        ) as srv:
+            assert bench(*run_args(srv.url, db)).exit_code == 0
+    result = json.loads(bench("compare", "1", "2", "--db", str(db), "--json").output)
+    for lv in result["levels"]:
+        assert 175 <= lv["chat_engine_wait_a_ms"] <= 260
+        assert 25 <= lv["chat_engine_wait_b_ms"] <= 110
+        assert -190 <= lv["chat_engine_wait_diff_ms"] <= -110
+    table = bench("compare", "1", "2", "--db", str(db)).output
+    assert "scheduler: batch 1: chat requests waited" in table
+    assert "(median) in the engine's queue in A" in table
+
+
+def test_compare_without_timings_on_one_side_adds_no_chat_line():
+    la = [{"batch_streams": 2, "chat_engine_wait_p50_ms": 80.0, "quality_pass_rate": 1.0}]
+    lb = [{"batch_streams": 2, "chat_engine_wait_p50_ms": None, "quality_pass_rate": 1.0}]
+    a = {"id": 1, "complete": True, "levels": la}
+    out = compare_runs(a, {"id": 2, "complete": True, "levels": lb}, [], [])
+    assert out["levels"][0]["chat_engine_wait_diff_ms"] is None
+    assert not any("chat requests waited" in line for line in out["scheduler"])
+    both = compare_runs(a, dict(a, id=2), [], [])
+    assert both["scheduler"] == [
+        "batch 2: chat requests waited 80 ms (median) in the engine's queue in A, 80 ms in B "
+        "(+0 ms)"
+    ]

@@ -170,6 +170,13 @@ def compare_runs(
             "batch_output_unit": lb.get("batch_output_unit") or la.get("batch_output_unit"),
             "engine_queue_a_ms": la.get("engine_queue_ms_mean"),
             "engine_queue_b_ms": lb.get("engine_queue_ms_mean"),
+            # The per-class view: chat's own median wait in the engine's queue (None where
+            # the engine gave no per-request timings).
+            "chat_engine_wait_a_ms": la.get("chat_engine_wait_p50_ms"),
+            "chat_engine_wait_b_ms": lb.get("chat_engine_wait_p50_ms"),
+            "chat_engine_wait_diff_ms": _minus(
+                lb.get("chat_engine_wait_p50_ms"), la.get("chat_engine_wait_p50_ms")
+            ),
         }
         if qa is not None and qb is not None and qb < qa:
             quality_drops.append(
@@ -210,6 +217,12 @@ def _scheduler_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(
                 f"batch {lv['batch_streams']}: requests waited {qa:.0f} ms in the engine's "
                 f"queue in A, {qb:.0f} ms in B"
+            )
+        ca, cb = lv.get("chat_engine_wait_a_ms"), lv.get("chat_engine_wait_b_ms")
+        if ca is not None and cb is not None:
+            out.append(
+                f"batch {lv['batch_streams']}: chat requests waited {ca:.0f} ms (median) in "
+                f"the engine's queue in A, {cb:.0f} ms in B ({cb - ca:+.0f} ms)"
             )
     if levels and not out:
         out.append(

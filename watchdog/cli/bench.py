@@ -125,6 +125,8 @@ COMPARE_COLUMNS = [
     "batch_output_unit",
     "engine_queue_a_ms",
     "engine_queue_b_ms",
+    "chat_engine_wait_a_ms",
+    "chat_engine_wait_b_ms",
 ]
 
 
