@@ -134,7 +134,7 @@ def run_args(url: str, db: Path, *extra: str) -> list[str]:
     ]
 
 
-DELAY_S, PREFILL_MS = 0.15, 40.0
+DELAY_S, PREFILL_MS = 0.2, 100.0
 
 
 def test_a_run_against_an_engine_with_timings_shows_each_class_queue_wait(tmp_path):
