@@ -155,13 +155,13 @@ def test_database_from_a_newer_version_is_refused(db_path: Path) -> None:
     Store(db_path).close()
     conn = sqlite3.connect(db_path)
     with conn:
-        conn.execute("INSERT INTO _migrations VALUES (9, 'm009_future_things', 0)")
+        conn.execute("INSERT INTO _migrations VALUES (99, 'm099_future_things', 0)")
     conn.close()
     with pytest.raises(StoreError) as err:
         Store(db_path)
     assert str(err.value) == (
         f"database {db_path} was written by a newer llm-watchdog (unknown migration "
-        "m009_future_things); upgrade llm-watchdog, or set storage.path to another file"
+        "m099_future_things); upgrade llm-watchdog, or set storage.path to another file"
     )
 
 
