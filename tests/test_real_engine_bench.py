@@ -48,6 +48,10 @@ def test_bench_and_compare_two_launches_name_the_one_flag(tmp_path):
     # llama.cpp's /metrics was read: its queue depth and prompt time per request.
     assert levels[0]["engine_waiting_mean"] is not None
     assert levels[0]["engine_prefill_ms_mean"] is not None
+    # llama.cpp's per-request timings: chat's own wait in the engine's queue, apart from batch.
+    assert levels[0]["chat_timed"] > 0 and levels[0]["chat_engine_wait_p50_ms"] is not None
+    assert levels[0]["chat_prefill_p50_ms"] > 0, levels[0]
+    assert levels[0]["per_class_note"] in (None, ""), levels[0]
     out = CliRunner().invoke(
         cli, ["bench", "compare", "1", "2", "--db", str(db), "--json"], env={}, obj={}
     )
@@ -57,3 +61,4 @@ def test_bench_and_compare_two_launches_name_the_one_flag(tmp_path):
     assert (result["differences"][0]["a"], result["differences"][0]["b"]) == ("4", "1")
     assert not any("variables differ" in w for w in result["warnings"])
     assert len(result["levels"]) == 2
+    assert all(lv["chat_engine_wait_diff_ms"] is not None for lv in result["levels"]), result

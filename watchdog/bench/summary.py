@@ -74,7 +74,7 @@ def per_class_line(lv: Mapping[str, Any]) -> str:
         prefill = lv.get(f"{cls}_prefill_p50_ms")
         parts.append(
             f"{cls} waited {_ms(p50)} p50 / {_ms(p95)} p95 in the engine's queue, "
-            f"prefilled {_ms(prefill)} p50 ({n} requests)"
+            f"prefilled {_ms(prefill)} p50 ({n} request{'' if n == 1 else 's'})"
         )
     return head + "; ".join(parts)
 
