@@ -188,7 +188,7 @@ def test_heat_lab_run_records_the_engine_queue_and_the_gpu_and_stops_incomplete(
     lv = result.levels[0]
     assert lv["batch_streams"] == 2 and lv["chat_probes"] > 0
     assert lv["engine_waiting_mean"] is not None and lv["engine_note"] == (
-        "vllm: queue depth only; no per-request queue time exposed"
+        "vllm: queue depth only in its metrics, no queue-time histogram"
     )
     assert lv["temp_c_max"] is not None and lv["sm_clock_mhz_min"] is not None
     assert lv["batch_output_unit"] == "tokens"

@@ -224,7 +224,7 @@ def summarise(
             + (" (llama.cpp needs --metrics)" if engine == "llamacpp" else "")
         )
     elif out["queue_ms_mean"] is None:
-        out["note"] = f"{engine}: queue depth only; no per-request queue time exposed"
+        out["note"] = f"{engine}: queue depth only in its metrics, no queue-time histogram"
     else:
         out["note"] = ""
     return out
