@@ -29,22 +29,9 @@ from tests.gateway.test_gateway import (
 
 
 @pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    e = FakeEngine().start()
-    yield e
-    e.stop()
-
-
-@pytest.fixture
 def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
     with gateways(engine, shutdown_timeout_s=2.0) as make:
         yield make
-
-
-@pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 class Answer:

@@ -235,13 +235,6 @@ class _Handler(BaseHTTPRequestHandler):
 # -- fixtures and helpers ----------------------------------------------------------------
 
 
-@pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    e = FakeEngine().start()
-    yield e
-    e.stop()
-
-
 @contextlib.contextmanager
 def gateways(engine: FakeEngine, **defaults: Any) -> Iterator[Callable[..., GatewayServer]]:
     """Start gateways in front of `engine` (a module's defaults, then a test's overrides);
@@ -273,12 +266,6 @@ def gateways(engine: FakeEngine, **defaults: Any) -> Iterator[Callable[..., Gate
 def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
     with gateways(engine, max_queue_wait_s=5.0, shutdown_timeout_s=2.0) as make:
         yield make
-
-
-@pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,6 @@ from tests.gateway.test_gateway import CHAT_URL, FakeEngine, batch_headers, chat
 
 
 @pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    e = FakeEngine().start()
-    yield e
-    e.stop()
-
-
-@pytest.fixture
 def plain_server(engine: FakeEngine) -> Iterator[str]:
     app = create_app(GatewayConfig(upstream_url=engine.url, listen_port=0))
     sock = bind_socket("127.0.0.1", 0)

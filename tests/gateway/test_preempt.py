@@ -38,13 +38,6 @@ from tests.helpers.metrics import families, sample
 
 
 @pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    e = FakeEngine().start()
-    yield e
-    e.stop()
-
-
-@pytest.fixture
 def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
     with gateways(
         engine,
@@ -54,12 +47,6 @@ def make_gateway(engine: FakeEngine) -> Iterator[Callable[..., GatewayServer]]:
         shutdown_timeout_s=2.0,
     ) as make:
         yield make
-
-
-@pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 class Stream:
