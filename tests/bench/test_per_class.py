@@ -26,6 +26,7 @@ from llm_watchdog.probe.streams import engine_timings
 from llm_watchdog.store import bench as stored
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.migrations import discover, migrate
+from tests.cli.test_bench_cli import run_args
 from tests.helpers.streamserver import StreamServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -108,30 +109,6 @@ def test_the_queue_wait_is_ttft_less_prefill_never_below_zero():
 
 def bench(*args: str):
     return CliRunner().invoke(cli, ["bench", *args], env={}, obj={})
-
-
-def run_args(url: str, db: Path, *extra: str) -> list[str]:
-    chat = db.parent / "paris.toml"
-    chat.write_text('[[prompts]]\nid = "fr"\nquestion = "Capital of France?"\nany_of = ["paris"]\n')
-    return [
-        "--chat-set",
-        str(chat),
-        "--url",
-        url,
-        "--batch-streams",
-        "0,1",
-        "--duration",
-        "1s",
-        "--warmup",
-        "0.3s",
-        "--document-words",
-        "20",
-        "--cold-start",
-        "none",
-        "--db",
-        str(db),
-        *extra,
-    ]
 
 
 DELAY_S, PREFILL_MS = 0.2, 100.0
