@@ -48,11 +48,6 @@ def percentile_interval(
     )
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`th percentile (0-100) alone, without an interval; None for no values."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
-
-
 def percentile_difference(
     a: Sequence[float],
     b: Sequence[float],

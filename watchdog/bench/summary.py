@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_watchdog.bench.stats import percentile, percentile_interval, rate
+from llm_watchdog.bench.stats import percentile_interval, rate
+from llm_watchdog.stats import quantile
 
 PERCENTILES = (50, 95, 99)
 CLASSES = ("chat", "batch")
@@ -51,9 +52,9 @@ def per_class(
         waits = [float(r["engine_wait_ms"]) for r in done]
         prefills = [float(r["prompt_ms"]) for r in done]
         out[f"{cls}_timed"] = len(done)
-        out[f"{cls}_engine_wait_p50_ms"] = percentile(waits, 50)
-        out[f"{cls}_engine_wait_p95_ms"] = percentile(waits, 95)
-        out[f"{cls}_prefill_p50_ms"] = percentile(prefills, 50)
+        out[f"{cls}_engine_wait_p50_ms"] = quantile(waits, 0.5) if done else None
+        out[f"{cls}_engine_wait_p95_ms"] = quantile(waits, 0.95) if done else None
+        out[f"{cls}_prefill_p50_ms"] = quantile(prefills, 0.5) if done else None
         timed_any = timed_any or bool(done)
     out["per_class_note"] = None if timed_any else NO_TIMINGS_NOTE
     return out
