@@ -262,11 +262,12 @@ class DriftMonitor:
             return []
         det = self._detector
         rec = self._open.get("latency")
+        clock = self._recent_clock()
         result = det.update(
             ttft_ms,
-            assisted=self._clocks_down(),
+            assisted=_down(clock, self.config.assist_clock_drop),
             cause_gone=rec is not None and self._cause_gone(rec.cause),
-            clock_explains=self._clocks_down(1.0 - 1.0 / self.config.shift_ratio),
+            clock_explains=_down(clock, 1.0 - 1.0 / self.config.shift_ratio),
         )
         if det.s == 0.0 and not det.in_event:
             self._onset_ts = obs.ts
@@ -279,19 +280,22 @@ class DriftMonitor:
             return self._update_latency(obs)
         return []
 
-    def _clocks_down(self, drop: float | None = None) -> bool:
-        """Telemetry says the GPU got slower: the latest busy SM clocks well under baseline
-        (by `assist_clock_drop`, or by `drop` where given)."""
+    def _clocks_down(self) -> bool:
+        """Telemetry says the GPU got slower: the latest busy SM clocks well under baseline."""
+        return _down(self._recent_clock(), self.config.assist_clock_drop)
+
+    def _recent_clock(self) -> tuple[float, float] | None:
+        """The latest busy SM clocks' median and the baseline's clock, where telemetry assist
+        has both (None otherwise)."""
         if not self.config.telemetry_assist or self._baseline is None:
-            return False
+            return None
         ref = self._baseline.sm_clock_mhz
         if not ref:
-            return False
+            return None
         clocks = [c for c in (busy_clock(o) for o in self._telemetry.recent(ASSIST_CLOCKS)) if c]
         if len(clocks) < 3:
-            return False
-        drop = self.config.assist_clock_drop if drop is None else drop
-        return stats.median(clocks) <= (1.0 - drop) * ref
+            return None
+        return stats.median(clocks), ref
 
     def _base_p95(self) -> float | None:
         return self._baseline.ttft_p95_ms if self._baseline else None
@@ -517,3 +521,8 @@ class DriftMonitor:
             },
             "open_events": [e.to_dict() for e in st.open_events],
         }
+
+
+def _down(clock: tuple[float, float] | None, drop: float) -> bool:
+    """The recent busy clock (median, baseline) is down by at least `drop` of the baseline."""
+    return clock is not None and clock[0] <= (1.0 - drop) * clock[1]
