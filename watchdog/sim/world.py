@@ -230,8 +230,8 @@ class World:
         over = len(self._batch_inflight) - allowance
         if over <= 0:
             return
-        newest = sorted(self._batch_inflight.values(), key=lambda r: (r.arrival_s, r.id))
-        for req in newest[-over:]:
+        # The dict holds them in the order they were sent, as the gateway's gate does.
+        for req in list(self._batch_inflight.values())[-over:]:
             # A sequence decoding in the running step gets that step's token counted when
             # the step ends, so it is lost too.
             running = req.state == DECODE and self.engine.current is not None
