@@ -147,3 +147,11 @@ def test_parse_when():
 
 def test_exit_code_constant():
     assert EX_CONFIG == 78 and sys.platform
+
+
+def test_drift_min_rise_reaches_the_detector(tmp_path):
+    s = load_settings(str(write(tmp_path, '[drift]\nmin_rise = "50ms"\n')), env={})
+    assert s.drift_config().min_rise_ms == 50.0
+    assert load_settings(None, env={}).drift_config().min_rise_ms == 20.0
+    with pytest.raises(ConfigError, match="min_rise"):
+        load_settings(str(write(tmp_path, '[drift]\nmin_rise = "-5ms"\n')), env={})

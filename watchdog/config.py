@@ -137,6 +137,8 @@ class DriftSettings:
     baseline_probes: int = 300
     # The smallest slowdown worth an alarm (TTFT ratio against the baseline).
     shift_ratio: float = 1.3
+    # And the smallest rise of the recent median TTFT over the baseline's worth an alarm.
+    min_rise_s: float = _duration("20ms")
     # Mean probes between false alarms on a steady system (5e5 at 10 s = about 8 weeks).
     false_alarm_probes: float = 500_000.0
     # Read telemetry: a falling SM clock lets a slowdown be confirmed sooner.
@@ -270,6 +272,7 @@ class Settings:
         return DriftConfig(
             baseline_n=d.baseline_probes,
             shift_ratio=d.shift_ratio,
+            min_rise_ms=d.min_rise_s * 1000.0,
             arl0_probes=d.false_alarm_probes,
             telemetry_assist=d.telemetry_assist,
             cold_start_limit_ms=d.cold_start_limit_s * 1000.0,

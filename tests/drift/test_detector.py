@@ -47,3 +47,48 @@ def test_the_median_rule_needs_the_shift_not_only_the_clock():
     usual = [30.0, 48.0, 52.0, 45.0, 240.0]  # the baseline's own mix, tail included
     for i in range(200):
         assert det.update(usual[i % len(usual)], assisted=True, clock_explains=True) != ALARM
+
+
+# A fast engine's canaries: median 13 ms, 5 % noise.
+FAST = Baseline(
+    fingerprint_id="f",
+    n=300,
+    ttft_p50_ms=13.0,
+    ttft_p95_ms=14.2,
+    log_mu=2.5649,
+    log_sigma=0.05,
+    temp_c=60.0,
+    sm_clock_mhz=1900.0,
+    batch_allowance=4.0,
+    batch_inflight=2.0,
+    created_ts=0.0,
+    source="auto",
+    z_mean=0.0,
+    z_var=1.0,
+    z_lag1=0.1,
+)
+
+
+def alarm_at(det: LatencyDetector, ttft_ms: float, probes: int) -> int | None:
+    for i in range(probes):
+        if det.update(ttft_ms) == ALARM:
+            return i + 1
+    return None
+
+
+def test_a_few_milliseconds_on_a_fast_engine_raise_no_alarm_however_large_the_ratio():
+    # 13 -> 16 ms is x1.23 and 3 ms: the CUSUM is sure within a minute; no reader would be.
+    assert alarm_at(LatencyDetector(FAST, DriftConfig()), 16.0, 500) is None
+    # Without the floor the same trace alarms, so the floor is what holds it back.
+    assert alarm_at(LatencyDetector(FAST, DriftConfig(min_rise_ms=0.0)), 16.0, 500) is not None
+
+
+def test_a_rise_past_the_floor_alarms_at_once_from_the_evidence_already_summed():
+    det = LatencyDetector(FAST, DriftConfig())
+    assert alarm_at(det, 16.0, 100) is None
+    # 13 -> 40 ms: the CUSUM already stands at h, so the alarm waits only for the median
+    # of the last RECENT_PROBES to clear 33 ms (half of them).
+    at = alarm_at(det, 40.0, 100)
+    assert at is not None and at <= RECENT_PROBES // 2 + 1
+    assert det.in_event
+

@@ -23,6 +23,9 @@ Where this departs from the textbook CUSUM, and why:
   exp(2 h e) with an offset e of the reference.
 - h is solved from the target in-control run length (`arl0_probes`) with Siegmund's
   approximation (`stats.cusum_threshold`) instead of a fixed table value, so it follows k.
+- An alarm also needs the recent median TTFT (the last RECENT_PROBES) at least
+  `min_rise_ms` over the baseline's median: on a 13 ms engine a rise to 15 ms is a real
+  shift to the CUSUM and no slowdown anyone reading chat can see. S waits at h meanwhile.
 - When the GPU's SM clock is already well under its baseline clock (telemetry says the GPU
   got slower), the alarm threshold is `assist_h_factor` x h: prefill is compute bound, so a
   slower clock makes a TTFT rise the expected outcome, not a surprise to be doubted. The same
@@ -127,6 +130,7 @@ class LatencyDetector:
         self._recent_u: deque[float] = deque(maxlen=RECENT_PROBES)
         self._recent_y: deque[float] = deque(maxlen=RECENT_PROBES)
         self.shift_log = math.log(config.shift_ratio)
+        self.min_rise_ms = config.min_rise_ms
         self._event_u: deque[float] = deque(maxlen=LEVEL_PROBES)
 
     def standardise(self, ttft_ms: float) -> float:
@@ -163,7 +167,10 @@ class LatencyDetector:
         # otherwise make the next event after this one start with a head start.
         self.s = min(max(0.0, self.s + u - cal.k_alarm), cal.h)
         if not self.in_event:
-            if self.s >= self.threshold(assisted) or (clock_explains and self._median_shifted()):
+            shifted = self.s >= self.threshold(assisted) or (
+                clock_explains and self._median_shifted()
+            )
+            if shifted and self._rise_ms() >= self.min_rise_ms:
                 self.s = max(self.s, cal.h)
                 self.in_event = True
                 self.d = 0.0
@@ -194,6 +201,13 @@ class LatencyDetector:
         if len(self._recent_y) < RECENT_PROBES:
             return False
         return stats.median(self._recent_y) - self.cal.mu >= self.shift_log
+
+    def _rise_ms(self) -> float:
+        """How far the recent median TTFT stands over the baseline's, in ms (RECENT_PROBES,
+        or as many as there are since the detector started)."""
+        if not self._recent_y:
+            return 0.0
+        return math.exp(stats.median(self._recent_y)) - math.exp(self.cal.mu)
 
     def close(self) -> None:
         """Forget an open event without evidence of its end (the baseline was replaced)."""

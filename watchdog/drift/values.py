@@ -215,6 +215,10 @@ class DriftConfig:
     baseline_max_wait: int = 900
     # Detector: the smallest TTFT ratio worth an alarm sets the CUSUM reference value.
     shift_ratio: float = 1.3
+    # And the smallest rise in milliseconds: the recent median TTFT must stand this far over
+    # the baseline's before an alarm. A 13 ms engine at 15 ms is a 1.15x shift to the CUSUM and
+    # nothing to a reader of chat; at an 800 ms baseline 20 ms is 2.5 %, under any design shift.
+    min_rise_ms: float = 20.0
     # Nominal in-control run length (~8 weeks at 10 s). Siegmund's formula is optimistic for
     # AR(1) noise, so the false-alarm rate is higher than nominal (docs/drift.md).
     arl0_probes: float = 500_000.0
@@ -268,6 +272,7 @@ class DriftConfig:
             (self.baseline_n >= 20, "baseline_n must be >= 20"),
             (self.baseline_max_wait >= self.baseline_n, "baseline_max_wait must be >= baseline_n"),
             (self.shift_ratio > 1.0, "shift_ratio must be > 1 (e.g. 1.3 for +30 %)"),
+            (self.min_rise_ms >= 0, "min_rise_ms must be >= 0"),
             (self.arl0_probes > 10, "arl0_probes must be > 10"),
             (self.end_arl_probes > 10, "end_arl_probes must be > 10"),
             (self.clip_z > 0.5, "clip_z must be > 0.5"),
