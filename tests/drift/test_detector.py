@@ -27,18 +27,21 @@ HEAVY_TAIL = Baseline(
 DOUBLED_MS = 96.0
 
 
-def first_alarm(det: LatencyDetector, probes: int, **kw: bool) -> int | None:
+def first_alarm(
+    det: LatencyDetector, probes: int, ttft_ms: float = DOUBLED_MS, **kw: bool
+) -> int | None:
+    """The probe (from 1) at which `ttft_ms`, fed over and over, first alarms."""
     for i in range(probes):
-        if det.update(DOUBLED_MS, assisted=True, **kw) == ALARM:
+        if det.update(ttft_ms, **kw) == ALARM:
             return i + 1
     return None
 
 
 def test_a_doubled_median_with_the_clock_under_the_design_shift_alarms_within_a_window():
     # The CUSUM gains ~0.02 a probe here: the tail was already at the clip.
-    assert first_alarm(LatencyDetector(HEAVY_TAIL, DriftConfig()), 60) is None
+    assert first_alarm(LatencyDetector(HEAVY_TAIL, DriftConfig()), 60, assisted=True) is None
     det = LatencyDetector(HEAVY_TAIL, DriftConfig())
-    assert first_alarm(det, 60, clock_explains=True) == RECENT_PROBES
+    assert first_alarm(det, 60, assisted=True, clock_explains=True) == RECENT_PROBES
     assert det.in_event
 
 
@@ -69,26 +72,18 @@ FAST = Baseline(
 )
 
 
-def alarm_at(det: LatencyDetector, ttft_ms: float, probes: int) -> int | None:
-    for i in range(probes):
-        if det.update(ttft_ms) == ALARM:
-            return i + 1
-    return None
-
-
 def test_a_few_milliseconds_on_a_fast_engine_raise_no_alarm_however_large_the_ratio():
     # 13 -> 16 ms is x1.23 and 3 ms: the CUSUM is sure within a minute; no reader would be.
-    assert alarm_at(LatencyDetector(FAST, DriftConfig()), 16.0, 500) is None
+    assert first_alarm(LatencyDetector(FAST, DriftConfig()), 500, 16.0) is None
     # Without the floor the same trace alarms, so the floor is what holds it back.
-    assert alarm_at(LatencyDetector(FAST, DriftConfig(min_rise_ms=0.0)), 16.0, 500) is not None
+    assert first_alarm(LatencyDetector(FAST, DriftConfig(min_rise_ms=0.0)), 500, 16.0) is not None
 
 
 def test_a_rise_past_the_floor_alarms_at_once_from_the_evidence_already_summed():
     det = LatencyDetector(FAST, DriftConfig())
-    assert alarm_at(det, 16.0, 100) is None
+    assert first_alarm(det, 100, 16.0) is None
     # 13 -> 40 ms: the CUSUM already stands at h, so the alarm waits only for the median
     # of the last RECENT_PROBES to clear 33 ms (half of them).
-    at = alarm_at(det, 40.0, 100)
+    at = first_alarm(det, 100, 40.0)
     assert at is not None and at <= RECENT_PROBES // 2 + 1
     assert det.in_event
-
