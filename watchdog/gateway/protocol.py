@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -34,6 +34,8 @@ from llm_watchdog.gateway.direct import Exchange
 from llm_watchdog.gateway.proxy import CLIENT_GONE, ClientGone, is_own_path
 
 if TYPE_CHECKING:
+    from uvicorn._types import HTTPScope
+
     from llm_watchdog.gateway.app import Gateway
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
@@ -131,19 +133,22 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             if self.server is None:
                 self.server = get_local_addr(self.transport)
                 self.client = get_remote_addr(self.transport)
-            self.scope = {  # type: ignore[typeddict-item]
+            # A plain dict, cast once: uvicorn's HTTPScope typing of "scheme" and
+            # "extensions" changes between releases, and a per-key ignore breaks on one.
+            scope: dict[str, Any] = {
                 "type": "http",
                 "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
                 "http_version": "1.1",
                 "server": self.server,
                 "client": self.client,
-                "scheme": self.scheme,  # type: ignore[typeddict-item]
+                "scheme": self.scheme,
                 "root_path": self.root_path,
                 "headers": self.headers,
                 "state": self.app_state.copy(),
                 # ASGI extensions are dicts: {"llm_watchdog.client_gone": {"watch": ...}}.
                 "extensions": {CLIENT_GONE: {"watch": self._watch()}},
             }
+            self.scope = cast("HTTPScope", scope)
 
         def _watch(self) -> ClientGone:
             if self._gone is None:
