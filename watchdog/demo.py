@@ -153,6 +153,9 @@ def run_demo(
                 batch_ceiling=opts.ceiling,
                 max_queue_wait_s=5.0,
                 control_token=token_file.read_text(),
+                # The lab's engine says how many sequences it runs at once, as llama.cpp's
+                # --parallel does: batch is held off the slots chat needs.
+                engine_slots=scenario.engine.max_running_seqs,
             )
         ).start()
         started.append(gw.stop)

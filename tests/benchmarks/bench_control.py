@@ -9,8 +9,10 @@ length with the same seed, which gives every controller the same chat, to the re
 lab draws chat and batch from separate streams); SLO windows start after the first 2
 minutes. The lab's gateway admits batch as the real one does, a raise ramped at its default
 0.5 requests a second, for every controller alike (a static allowance is never raised).
-With several `--seeds`, a summary per controller over every scenario and seed closes the
-report.
+With `--hold-slots` the lab's gateway holds batch under the engine's slots less a few kept
+for chat (the gateway's `--engine-slots`), for every controller alike, statics included, and
+ours knows it does (`serving_slots`). With several `--seeds`, a summary per controller over
+every scenario and seed closes the report.
 
 Columns:
     att        share of 1-minute windows with chat p95 ≤ target (bad: how many were not)
@@ -33,7 +35,7 @@ Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same atta
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
 
     .venv/bin/python tests/benchmarks/bench_control.py [--scenarios a,b] [--seeds 0,1,2] [--json]
-        [--fast] [--preempt]
+        [--fast] [--preempt] [--hold-slots]
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ BIN_S = 15.0
 HOLD_S = 60.0
 SETTLE_S = 180.0
 STEADY_AFTER_S = 1800.0
+# The lab's gateway holds its slot line in every run (--hold-slots); main() sets it once.
+HOLD_SLOTS = False
 
 
 class Recorder:
@@ -196,7 +200,11 @@ def steady_changes_per_h(rec: Recorder, s: Scenario) -> float:
 
 def make(spec: str, s: Scenario) -> Recorder:
     ctx = ControllerContext(
-        s.slo_chat_ttft_p95_ms, s.batch.streams, s.engine.max_running_seqs, s.gpu.sw_hold_c
+        s.slo_chat_ttft_p95_ms,
+        s.batch.streams,
+        s.engine.max_running_seqs,
+        s.gpu.sw_hold_c,
+        HOLD_SLOTS,
     )
     if spec == "none":
         return Recorder(NoCap())
@@ -209,7 +217,9 @@ def make(spec: str, s: Scenario) -> Recorder:
 def seeded(s: Scenario, seed: int) -> Recorder:
     """`ours` with what the day before taught its headroom map."""
     before = make("ours", s)
-    run_virtual(s, s.duration_s, before, seed=seed + 1000, warmup_s=WARMUP_S)
+    run_virtual(
+        s, s.duration_s, before, seed=seed + 1000, warmup_s=WARMUP_S, hold_slots=HOLD_SLOTS
+    )
     law = before.inner.inner  # type: ignore[attr-defined]
     rec = make("ours", s)
     rec.inner.inner.seed_map(  # type: ignore[attr-defined]
@@ -221,7 +231,9 @@ def seeded(s: Scenario, seed: int) -> Recorder:
 def run(spec: str, s: Scenario, seed: int) -> Row:
     preempt = spec == PREEMPT
     rec = seeded(s, seed) if spec == SEEDED else make("ours" if preempt else spec, s)
-    r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S, preempt=preempt)
+    r = run_virtual(
+        s, s.duration_s, rec, seed=seed, warmup_s=WARMUP_S, preempt=preempt, hold_slots=HOLD_SLOTS
+    )
     restores = restore_times(rec, s)
     late = restore_times(rec, s, strict=True)
     att = r.slo_attainment if r.slo_attainment is not None else math.nan
@@ -250,7 +262,7 @@ def steady_state(s: Scenario, spec: str, seed: int) -> float:
         schedule=(),
     )
     rec = seeded(calm, seed) if spec == SEEDED else make(spec, calm)
-    run_virtual(calm, calm.duration_s, rec, seed=seed, warmup_s=WARMUP_S)
+    run_virtual(calm, calm.duration_s, rec, seed=seed, warmup_s=WARMUP_S, hold_slots=HOLD_SLOTS)
     changes, prev = 0, None
     for t, d in rec.decisions:
         if prev is not None and d != prev and t >= STEADY_AFTER_S:
@@ -390,7 +402,14 @@ def main() -> None:
         help="leave out no control, the conservative static, design and the steady-state runs",
     )
     ap.add_argument("--preempt", action="store_true", help=f"add {PREEMPT}")
+    ap.add_argument(
+        "--hold-slots",
+        action="store_true",
+        help="the lab's gateway holds batch under the engine's slots (--engine-slots)",
+    )
     args = ap.parse_args()
+    global HOLD_SLOTS
+    HOLD_SLOTS = args.hold_slots
     t0 = time.perf_counter()
     results = []
     for seed in (int(x) for x in args.seeds.split(",")):

@@ -333,6 +333,12 @@ def test_a_surge_missed_with_no_batch_running_teaches_nothing_about_batch() -> N
     c = ours(default_allowance=0, app_limited_headroom=0, surge_confirm=1)
     surge(c, 0.0, 0, 20, 1500.0)  # missed, but at the floor: chat alone was too much
     assert c.surge_cap is None
+    # missed from 1: backing off from it reaches the floor, and a cap of 0 would keep batch
+    # off the card all day on one lost minute; from 2 a cap of 1 is learned
+    for level, cap in ((1, None), (2, 1)):
+        c = ours(default_allowance=level, app_limited_headroom=0, surge_confirm=1)
+        surge(c, 0.0, level, 20, 1500.0)
+        assert c.surge_cap == cap
 
 
 def test_what_a_met_surge_shed_comes_back_at_the_fast_pace() -> None:
@@ -550,6 +556,19 @@ def test_chat_holding_the_slots_cuts_batch_at_once() -> None:
     # a cut to room batch does not use changes nothing: 5 running, room for 5
     a = c.step(ControlInput(602.0, (200.0,), chat_inflight=23, batch_inflight=5))
     assert a.kind != "cut"
+
+
+def test_where_the_gateway_holds_the_slot_line_chat_in_the_slots_writes_no_cut() -> None:
+    c = slots_law(serving_slots=True)
+    # the same 20 chat of 32 slots: the gateway lets no more batch in, the law writes nothing
+    a = c.step(ControlInput(600.0, (200.0,), chat_inflight=20, batch_inflight=10))
+    assert a.kind != "cut" and a.allowance_after >= 10, a.reason
+    # growth still keeps the slots a chat burst needs
+    level = c.allowance
+    for now in range(601, 1200):
+        a = c.step(ControlInput(float(now), (200.0,), chat_inflight=6, batch_inflight=level))
+        level = a.allowance_after
+    assert level == 14
 
 
 def test_on_a_small_engine_the_slot_margin_is_an_eighth_of_it() -> None:

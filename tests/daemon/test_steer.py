@@ -203,6 +203,21 @@ def test_the_law_regrows_in_one_write_only_where_the_gateway_ramps(tmp_path):
     assert after_one_step(0.0) == (False, 0.0)
 
 
+def test_the_law_leaves_slot_cuts_to_a_gateway_that_holds_the_slot_line(tmp_path):
+    def after_one_step(engine_slots: int) -> tuple[bool, int]:
+        with rig(tmp_path, engine_slots=engine_slots) as (gw, store):
+            steer = gateway_steer(ControlConfig(target_p95_ms=1000.0), gw.url, TOKEN, store)
+            try:
+                steer.step()
+                return steer.law.config.serving_slots, steer.law.config.engine_slots
+            finally:
+                steer.close()
+
+    # The gateway's GET /control names its line and the slots it was drawn from.
+    assert after_one_step(16) == (True, 16)
+    assert after_one_step(0) == (False, 0)
+
+
 def daemon_settings(tmp_path: Path, gw: GatewayServer, target: str = "100ms") -> Any:
     from llm_watchdog.config import settings_from_dict
 

@@ -245,6 +245,49 @@ def test_after_a_raise_the_gate_lets_waiters_in_one_at_a_time() -> None:
     assert took >= 2 / 20.0 - 1e-6  # no sooner than the ramp allows
 
 
+@pytest.mark.parametrize(
+    ("slots", "line"), [(0, None), (1, 1), (4, 4), (8, 7), (16, 14), (64, 60), (256, 252)]
+)
+def test_the_slot_line_keeps_at_most_an_eighth_of_the_slots_and_at_most_four(
+    slots: int, line: int | None
+) -> None:
+    assert GatewayConfig(engine_slots=slots).slot_line == line
+
+
+def test_batch_waits_under_the_slot_line_and_a_chat_release_lets_it_in() -> None:
+    async def scenario() -> list[tuple[int, int, int]]:
+        gw = Gateway(GatewayConfig(engine_slots=8, batch_default_allowance=8, batch_ramp_per_s=0))
+        chat, batch = gw.gates["chat"], gw.gates["batch"]
+        for _ in range(3):
+            assert await chat.acquire() == "admitted"  # chat is never held by the line
+        for _ in range(4):
+            assert await batch.acquire() == "admitted"
+        waiter = asyncio.ensure_future(batch.acquire())  # 3 + 4 = 7: the line
+        await asyncio.sleep(0)
+        seen = [(chat.inflight, batch.inflight, batch.queued)]
+        assert await chat.acquire() == "admitted"  # chat may still take the slots kept for it
+        chat.release()
+        chat.release()  # 2 chat + 4 batch: one under the line
+        assert await asyncio.wait_for(waiter, 1.0) == "admitted"
+        seen.append((chat.inflight, batch.inflight, batch.queued))
+        assert not batch.try_acquire()  # 2 + 5 = 7 again
+        assert gw.class_state("batch")["slot_line"] == 7
+        assert gw.class_state("chat")["slot_line"] is None
+        return seen
+
+    assert asyncio.run(scenario()) == [(3, 4, 1), (2, 5, 0)]
+
+
+def test_without_engine_slots_batch_is_held_by_its_allowance_alone() -> None:
+    async def scenario() -> int:
+        gw = Gateway(GatewayConfig(batch_default_allowance=8, batch_ramp_per_s=0))
+        for _ in range(100):
+            await gw.gates["chat"].acquire()
+        return sum(gw.gates["batch"].try_acquire() for _ in range(10))
+
+    assert asyncio.run(scenario()) == 8
+
+
 def test_chat_gate_is_never_limited() -> None:
     async def scenario() -> tuple[list[str], int]:
         gate = ClassGate("chat", allowance=None, max_queue_wait_s=None, max_queued=0)
@@ -370,6 +413,7 @@ def test_parse_put(data: Any, expected: Any) -> None:
         ({"key_classes": {"sk-12345678": "gold"}, "default_class": "chat"}, "…5678 must be one of"),
         ({"priorities": {"chat": "high"}}, "priorities must map chat/batch to integers"),
         ({"listen_port": 70000}, r"listen_port must be in \[0, 65535\]"),
+        ({"engine_slots": -2}, "engine_slots must be an integer >= 0 .*max_num_seqs"),
     ],
 )
 def test_config_rejects_what_cannot_work(overrides: dict[str, Any], message: str) -> None:

@@ -513,6 +513,31 @@ def test_a_raise_lets_queued_batch_in_one_at_a_time_at_the_ramp(
         assert request.join().status == 200
 
 
+def test_batch_is_held_under_the_engine_slots_chat_holds_and_let_in_as_chat_finishes(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    # Two slots, none kept free (an eighth of 2 is 0): one chat and one batch fill them.
+    gw = make_gateway(engine_slots=2, batch_default_allowance=4, batch_ramp_per_s=0)
+    chat_headers = {"X-Traffic-Class": "chat", "X-Test-Hold": "c"}
+    chat = Background(http, gw.url + CHAT_URL, chat_headers, chat_body())
+    batch = Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body())
+    wait_for(lambda: engine.count("open") == 2, what="one chat and one batch stream")
+    waiting = Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body())
+    wait_for(lambda: batch_state(http, gw)["queued"] == 1, what="batch queued at the line")
+    state = batch_state(http, gw)
+    assert (state["allowance"], state["inflight"], state["slot_line"]) == (4, 1, 2)
+    assert "llm_watchdog_gateway_slot_line{class=\"batch\"} 2.0" in http.get(
+        gw.url + "/metrics"
+    ).text
+
+    engine.release("c")  # chat finishes: its slot goes to the waiting batch request
+    assert chat.join().status == 200
+    wait_for(lambda: batch_state(http, gw)["inflight"] == 2, what="the queued batch let in")
+    engine.release("b")
+    for request in (batch, waiting):
+        assert request.join().status == 200
+
+
 # -- disconnects -------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ def test_key_classes_file(tmp_path: Path) -> None:
         (["--upstream-first-byte-timeout", "0"], 2, "upstream_first_byte_timeout_s must be > 0"),
         (["--header-timeout", "soon"], 2, "expected a duration like 10s"),
         (["--max-connections", "0"], 2, "0 is not in the range x>=1"),
+        (["--engine-slots", "-1"], 2, "-1 is not in the range x>=0"),
     ],
 )
 def test_bad_options_exit_with_one_line(args: list[str], code: int, message: str) -> None:
@@ -99,6 +100,8 @@ def process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
             str(token),
             "--batch-allowance",
             "3",
+            "--engine-slots",
+            "16",
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -136,7 +139,8 @@ def test_foreground_process_serves_control_and_stops_on_sigterm(
 ) -> None:
     proc, url = process
     with httpx.Client(timeout=5) as http:
-        assert http.get(url + "/control").json()["classes"]["batch"]["allowance"] == 3
+        batch = http.get(url + "/control").json()["classes"]["batch"]
+        assert (batch["allowance"], batch["slot_line"]) == (3, 14)
         refused = http.put(url + "/control/classes/batch", json={"allowance": 1})
         assert refused.status_code == 401
         accepted = http.put(

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -56,6 +57,22 @@ def test_run_json_is_one_object_with_every_figure() -> None:
     ):
         assert key in doc
     assert doc["duration_s"] == 300 and len(doc["minutes"]) == 4  # the 5th ends at the end
+
+
+def test_run_with_the_slot_line_keeps_batch_off_the_slots_chat_needs() -> None:
+    # 32 batch streams on 32 slots: without the line chat waits for a slot behind batch.
+    def run(*extra: str) -> dict[str, Any]:
+        code, out = invoke(
+            "run", "-s", "team-arrives-long-outputs", "--duration", "5m", "-c", "static:32",
+            "--json", "--minutes", *extra,
+        )  # fmt: skip
+        assert code == 0, out
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    free, held = run(), run("--hold-slots")
+    assert max(m["batch_inflight"] for m in free["minutes"]) == 32
+    assert max(m["batch_inflight"] for m in held["minutes"]) <= 28  # 32 - min(4, 32/8)
+    assert held["chat_ttft_p95_ms"] < free["chat_ttft_p95_ms"] / 4
 
 
 @pytest.mark.parametrize(

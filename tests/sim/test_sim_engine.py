@@ -180,6 +180,29 @@ def test_allowance_caps_the_batch_job_and_a_raise_lets_it_back_in() -> None:
     assert w.batch_inflight == 6 and w.batch_target == 3
 
 
+def test_the_labs_gateway_holds_batch_under_the_slot_line_as_the_real_one_does() -> None:
+    base = load_scenario("workstation")
+    sc = dataclasses.replace(
+        base,
+        engine=dataclasses.replace(base.engine, max_running_seqs=16),  # line: 16 - 2 = 14
+        batch=dataclasses.replace(base.batch, streams=20),
+    )
+    w = World(sc, hold_slots=True)
+    assert w.slot_line == 14
+    chats = [w.new_request("chat", 0.0, 50, 400) for _ in range(3)]
+    for req in chats:
+        w.submit(req, 0.0)
+    w.set_allowance(20, 0.0)
+    assert w.batch_inflight == 11  # 3 chat + 11 batch: the line, though the allowance is 20
+    w.cancel(chats[0])  # a chat client leaves: its slot goes to batch
+    assert w.batch_inflight == 12
+    t = _run_steps(w, 0.0, 60.0)  # the other two finish; batch takes their slots, no more
+    assert t >= 1.0 and w.batch_inflight == 14
+    free = World(sc)  # without the line, the allowance alone holds batch
+    free.set_allowance(20, 0.0)
+    assert free.slot_line is None and free.batch_inflight == 20
+
+
 def _run_steps(w: World, t: float, until: float) -> float:
     while t < until:
         plan = w.start_step(t)

@@ -62,6 +62,10 @@ class ReadBack:
     # Batch requests a second the serving layer lets in after a raise (the gateway's ramp);
     # None: not reported, a raise is taken to act at once.
     ramp_per_s: float | None = None
+    # Batch is let in only while batch + chat in flight stay under this (the gateway's slot
+    # line), and the engine slots it was drawn from; None: the serving layer holds no line.
+    slot_line: int | None = None
+    engine_slots: int | None = None
 
 
 @dataclass(frozen=True)

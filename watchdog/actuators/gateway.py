@@ -94,6 +94,8 @@ class GatewayActuator:
                 max_queue_wait_s=c.get("max_queue_wait_s"),
                 lease_expires_at=c.get("lease_expires_at"),
                 ramp_per_s=c.get("ramp_per_s"),
+                slot_line=c.get("slot_line"),
+                engine_slots=c.get("engine_slots"),
             )
         except (KeyError, TypeError):
             raise ActuatorError(

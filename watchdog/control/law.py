@@ -61,7 +61,10 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   flight (room for a burst), and when batch + chat in flight pass slots − `slot_margin` (at
   most an eighth of the slots), batch is cut to what is left at once, with no drain time to
   wait for: it is a count, not an estimate. Both need the slot count and the chat in flight
-  (`ControlInput.chat_inflight`); without either they are off.
+  (`ControlInput.chat_inflight`); without either they are off. Where the serving layer
+  holds that line itself (`serving_slots`: the gateway's slot line, read back from GET
+  /control), it lets batch in only under it, request by request, and the law makes no slot
+  cut: each one was a write to take back when the chat burst passed.
 - A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
   says nothing about the card.
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
@@ -148,6 +151,9 @@ class ControlConfig:
     # The serving layer ramps a raise itself (the gateway's batch ramp): what a met surge
     # shed comes back in one write, and the gateway lets it in a request at a time.
     serving_ramps: bool = False
+    # The serving layer holds batch under the engine's slots itself (the gateway's slot
+    # line): no slot cut is written, the gateway lets batch in as chat frees slots.
+    serving_slots: bool = False
     engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
     slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8); -1: off
@@ -233,6 +239,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         slot_reserve=0.0,
         slot_margin=-1,
         serving_ramps=False,
+        serving_slots=False,
         grow_to_demand=False,
         max_grows_per_h=0.0,
         surge_heat_factor=1.0,
@@ -467,10 +474,12 @@ class AllowanceController:
             if c.window_s > 0 and judged:
                 judged = [x for x in judged if x[0] < judged[0][0] + c.window_s]
             seen = quantile([v for _, v in judged], 0.95) if judged else 0.0
-            # Missed with no batch running (the level was already at the floor): chat alone
-            # was too much, and there is nothing to learn about batch from it.
-            if seen > c.target_p95_ms and self.surge_onset > c.floor:
-                cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
+            # Missed with no batch running (the level was already at the floor), or with so
+            # little that backing off from it reaches the floor: chat alone was too much, and
+            # there is nothing to learn about batch from it. A cap at the floor would keep
+            # batch off the card at every hour, not only in surges, on one missed minute.
+            cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
+            if seen > c.target_p95_ms and cap > c.floor:
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
                 gpu = inp.gpu
                 self.surge_cap_heat = (
@@ -569,7 +578,10 @@ class AllowanceController:
                 c.floor,
                 c.engine_slots - min(c.slot_margin, c.engine_slots // 8) - inp.chat_inflight,
             )
-            if c.engine_slots and c.slot_margin >= 0 and inp.chat_inflight is not None
+            if c.engine_slots
+            and c.slot_margin >= 0
+            and inp.chat_inflight is not None
+            and not c.serving_slots
             else None
         )
         kind, after, load_cut = "hold", level, False

@@ -34,6 +34,9 @@ LLM_WATCHDOG_GATEWAY_BATCH_CEILING=64
 LLM_WATCHDOG_GATEWAY_MAX_QUEUE_WAIT=30s
 # Batch requests let in per second after a raise (0: all at once).
 LLM_WATCHDOG_GATEWAY_BATCH_RAMP=0.5
+# The engine's slots (vLLM --max-num-seqs, llama.cpp --parallel): batch is held under them
+# less min(4, slots/8), so chat finds one free. 0: not known, no line.
+LLM_WATCHDOG_GATEWAY_ENGINE_SLOTS=0
 # The control token is the systemd credential "control-token" (LoadCredential= in the
 # unit); the watchdog's [control] token_credential names the same one.
 LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token

@@ -155,6 +155,21 @@ class Steer:
             )
         self.law.config = replace(self.law.config, serving_ramps=ramps)
 
+    def _serving_slots(self, slot_line: int | None, engine_slots: int | None) -> None:
+        """Whether the serving layer holds batch under the engine's slots, as it reports;
+        the law then makes no slot cut of its own."""
+        holds = slot_line is not None
+        self.engine_slots(engine_slots)
+        if self.law.config.serving_slots == holds:
+            return
+        if holds:
+            log.info(
+                "the serving layer holds batch under %d engine slots (chat + batch in flight): "
+                "no allowance cut for slots",
+                slot_line,
+            )
+        self.law.config = replace(self.law.config, serving_slots=holds)
+
     # ---- one step ---------------------------------------------------------------------
 
     def _chat_seen(self) -> tuple[list[float], int, int | None, int | None]:
@@ -200,6 +215,7 @@ class Steer:
             in_force, inflight, queued = rb.allowance, rb.inflight, rb.queued
             self.inflight = inflight
             self._serving_ramps(rb.ramp_per_s)
+            self._serving_slots(rb.slot_line, rb.engine_slots)
         except ActuatorError as exc:
             log.warning("cannot read the batch allowance: %s", exc)
             in_force, inflight, queued = self.allowance, None, None

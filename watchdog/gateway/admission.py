@@ -10,6 +10,11 @@ enough have finished. Unless the gateway pre-empts (`--preempt-batch`): then
 `ClassGate.preempt` ends the newest requests in flight, each through its own `preempt()`,
 until the allowance holds.
 
+A gate may also hold to a condition of its own (`room`): the gateway's slot line, which
+lets batch in only while batch and chat in flight together stay under the engine's slots
+less a few kept for chat. A gate whose condition depends on another class is woken by it
+(`on_release`).
+
 A raise is ramped (`ramp_per_s`, like HAProxy's `slowstart`): one more is let in at once,
 and the limit climbs from there to the new allowance at that many requests a second. Every
 batch request starts with a long prefill, and many let in at once prefill together and
@@ -170,8 +175,14 @@ class ClassGate:
         max_queue_wait_s: float | None,
         max_queued: int,
         clock: Callable[[], float] = time.monotonic,
+        room: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
+        # A second condition for admission besides the allowance (None: none); whoever
+        # changes what it reads calls `wake()`.
+        self.room = room
+        # Called after every place given back: another gate's room may read this one's count.
+        self.on_release: Callable[[], None] | None = None
         self.allowance = allowance  # None: never limited, never queued
         self.max_queue_wait_s = max_queue_wait_s
         self.max_queued = max_queued
@@ -195,7 +206,9 @@ class ClassGate:
 
     def _has_room(self) -> bool:
         limit = self.limit()
-        return limit is None or self.inflight < limit
+        if limit is not None and self.inflight >= limit:
+            return False
+        return self.room is None or self.room()
 
     def _admit(self, holder: Holder | None) -> None:
         self.inflight += 1
@@ -255,6 +268,8 @@ class ClassGate:
             del self._holders[holder]
         self.inflight -= 1
         self.wake()
+        if self.on_release is not None:
+            self.on_release()
 
     def wake(self) -> None:
         """Admit waiters, oldest first, while there is room (after a release or a raise)."""

@@ -55,8 +55,11 @@ class Gateway:
                 config.max_queue_wait_s,
                 config.max_queued,
                 clock,
+                room=self._under_slot_line,
             ),
         }
+        # Chat giving back a slot may let a batch request under the line.
+        self.gates[CHAT].on_release = self.gates[BATCH].wake
         self.observer = Observer(CLASSES, config.ttft_ring_size)
         self.registry = metrics_registry(self.observer, self.metric_gauges)
         self.changes: deque[dict[str, object]] = deque(maxlen=100)
@@ -66,6 +69,12 @@ class Gateway:
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self.primary: Upstream
         self.secondary: Upstream | None = None
+
+    def _under_slot_line(self) -> bool:
+        line = self.config.slot_line
+        if line is None:
+            return True
+        return sum(gate.inflight for gate in self.gates.values()) < line
 
     async def start(self) -> None:
         config = self.config
@@ -228,6 +237,10 @@ class Gateway:
             "set_at": None if a is None else a.set_at,
             # Whether a cut ends what runs over it, and how many it ended since the start.
             "preempt": self.preempts(cls),
+            # Batch is let in only while batch and chat in flight stay under this (None: no
+            # line; the engine's slots are not known).
+            "slot_line": self.config.slot_line if cls == BATCH else None,
+            "engine_slots": (self.config.engine_slots or None) if cls == BATCH else None,
             "preempted": self.preempted[cls],
             "observed": self.observer[cls].summary(self.wall(), self.config.observed_window_s),
         }
@@ -263,6 +276,7 @@ class Gateway:
             "lease_expirations": {},
             "control_changes": {},
             "preempted": {},
+            "slot_line": {},
         }
         for cls, gate in self.gates.items():
             gauges["inflight"][cls] = gate.inflight
@@ -277,6 +291,7 @@ class Gateway:
                 gauges["lease_expirations"][cls] = self.lease_expirations[cls]
                 gauges["control_changes"][cls] = self.control_changes[cls]
                 gauges["preempted"][cls] = self.preempted[cls]
+                gauges["slot_line"][cls] = self.config.slot_line
         return gauges
 
 

@@ -174,6 +174,14 @@ def _env_name(param_name: str) -> str:
     help="A cut of the batch allowance ends the newest batch requests in flight over it "
     "(their clients get 503 or an error event, and retry).",
 )
+@click.option(
+    "--engine-slots",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Sequences the engine runs at once (max_num_seqs, --parallel): batch is let in "
+    "only while batch + chat in flight stay under them less min(4, slots/8). 0: off.",
+)
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
 @click.option(
@@ -255,6 +263,7 @@ def gateway(
     max_queued: int,
     batch_ramp: float,
     preempt_batch: bool,
+    engine_slots: int,
     priorities: tuple[str, ...],
     priority_higher_first: bool,
     upstream_first_byte_timeout: float,
@@ -296,6 +305,7 @@ def gateway(
             max_queued=max_queued,
             batch_ramp_per_s=batch_ramp,
             preempt_batch=preempt_batch,
+            engine_slots=engine_slots,
             priorities=_priorities(priorities),
             priority_higher_first=priority_higher_first,
             upstream_first_byte_timeout_s=upstream_first_byte_timeout,
@@ -364,7 +374,7 @@ def _announce(url: str, config: GatewayConfig) -> None:
         )
     token = "set" if config.control_token else f"not set, changes refused (set ${TOKEN_ENV})"
     log.info(
-        "gateway listening on %s -> %s; batch allowance %d (ceiling %d, queue wait %g s%s); "
+        "gateway listening on %s -> %s; batch allowance %d (ceiling %d, queue wait %g s%s%s); "
         "control token %s",
         url,
         config.upstream_url,
@@ -372,5 +382,6 @@ def _announce(url: str, config: GatewayConfig) -> None:
         config.batch_ceiling,
         config.max_queue_wait_s,
         ", pre-empted when cut" if config.preempt_batch else "",
+        "" if config.slot_line is None else f", held under {config.slot_line} engine slots",
         token,
     )

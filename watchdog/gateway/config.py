@@ -23,6 +23,9 @@ CLASSES = (CHAT, BATCH)
 TOKEN_ENV = "LLM_WATCHDOG_GATEWAY_TOKEN"
 # One batch request let in every 2 s after a raise; the heat lab's gateway uses it too.
 DEFAULT_BATCH_RAMP_PER_S = 0.5
+# Engine slots kept free of batch for chat, at most an eighth of them: 4 is a rounding
+# error on a 256-slot vLLM and all of a 4-slot llama.cpp server.
+SLOTS_KEPT_FOR_CHAT = 4
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class GatewayConfig:
     # (503 or an error event; the client retries), instead of letting them run to their end
     # while a chat burst waits behind them. Chat is never pre-empted.
     preempt_batch: bool = False
+    # Sequences the engine runs at once (vLLM's max_num_seqs, llama.cpp's --parallel); 0:
+    # not known, no slot line. Known, batch is let in only while batch and chat in flight
+    # stay under the slots less min(4, slots/8): a chat request that arrives finds a slot
+    # free instead of waiting behind batch requests that hold theirs for minutes.
+    engine_slots: int = 0
     # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
     priorities: Mapping[str, int] = field(default_factory=dict)
     priority_field: str = "priority"
@@ -82,6 +90,13 @@ class GatewayConfig:
     observed_window_s: float = 300.0
     shutdown_timeout_s: float = 10.0
 
+    @property
+    def slot_line(self) -> int | None:
+        """Batch and chat in flight together under which batch is let in (None: no line)."""
+        if not self.engine_slots:
+            return None
+        return self.engine_slots - min(SLOTS_KEPT_FOR_CHAT, self.engine_slots // 8)
+
     def __post_init__(self) -> None:
         _check_url("upstream_url", self.upstream_url)
         if self.secondary_upstream_url is not None:
@@ -114,6 +129,11 @@ class GatewayConfig:
             )
         if not isinstance(self.preempt_batch, bool):
             raise ValueError(f"preempt_batch must be true or false, got {self.preempt_batch!r}")
+        if not _is_int(self.engine_slots) or self.engine_slots < 0:
+            raise ValueError(
+                f"engine_slots must be an integer >= 0 (the engine's max_num_seqs or "
+                f"--parallel; 0: not known), got {self.engine_slots!r}"
+            )
         if not _is_int(self.max_queued) or self.max_queued < 0:
             raise ValueError(f"max_queued must be an integer >= 0, got {self.max_queued!r}")
         for cls, value in self.priorities.items():

@@ -279,6 +279,10 @@ GAUGE_HELP = {
         "gauge",
         "Unix time the current lease ends (NaN: no lease).",
     ),
+    "slot_line": (
+        "gauge",
+        "Batch is let in only while batch and chat in flight stay under this (NaN: no line).",
+    ),
     "lease_expirations": ("counter", "Leases that ran out and restored the default."),
     "control_changes": ("counter", "Allowance changes accepted by the control API."),
     "preempted": (

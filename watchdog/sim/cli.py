@@ -149,6 +149,12 @@ def serve(
     is_flag=True,
     help="The gateway pre-empts the newest batch requests over a lowered allowance.",
 )
+@click.option(
+    "--hold-slots",
+    is_flag=True,
+    help="The gateway holds batch under the engine's slots less a few kept for chat "
+    "(the gateway's --engine-slots).",
+)
 def run(
     scenario: str,
     duration: float | None,
@@ -160,6 +166,7 @@ def run(
     as_json: bool,
     minutes: bool,
     preempt: bool,
+    hold_slots: bool,
 ) -> None:
     """Run a scenario in virtual time and print what chat and the batch job got."""
     sc = _scenario(scenario)
@@ -173,6 +180,7 @@ def run(
             batch_streams=batch_streams,
             warmup_s=warmup or 0.0,
             preempt=preempt,
+            hold_slots=hold_slots,
         )
     except ControllerError as exc:
         raise click.BadParameter(str(exc), param_hint="--controller") from exc

@@ -50,6 +50,8 @@ class ControllerContext:
     # Where the card's clocks start to fall for heat (the lower of its target temperature
     # and GPU_MAX), as the daemon finds it from NVML's thresholds (nvml/thresholds.py).
     temp_onset_c: float | None = None
+    # The lab's gateway holds batch under the engine's slots (`World(hold_slots=True)`).
+    hold_slots: bool = False
 
 
 class Controller(Protocol):

@@ -92,6 +92,7 @@ ADDITIONS = (
     "slot_reserve",
     "slot_margin",
     "serving_ramps",
+    "serving_slots",
     "grow_to_demand",
     "max_grows_per_h",
     "surge_heat_factor",
@@ -109,6 +110,7 @@ def sim_config(ctx: ControllerContext, overrides: dict[str, Any] | None = None) 
         "default_allowance": min(4, ceiling),
         "engine_slots": ctx.engine_max_running,
         "serving_ramps": True,  # the lab's gateway ramps a raise, as the real one does
+        "serving_slots": ctx.hold_slots,
     }
     values.update(overrides or {})
     return ControlConfig(**values)

@@ -511,4 +511,4 @@ class SimLab:
         with self._lock:
             self._streams.pop(req.id, None)
             if req.state not in (DONE, CANCELLED):
-                self.world.engine.cancel(req)
+                self.world.cancel(req)

@@ -164,6 +164,7 @@ def run_virtual(
     warmup_s: float = 0.0,
     ramp_per_s: float | None = None,
     preempt: bool = False,
+    hold_slots: bool = False,
 ) -> RunResult:
     """Run `scenario` for `duration_s` simulated seconds under `controller`.
 
@@ -172,7 +173,8 @@ def run_virtual(
     chat that arrived in the first `warmup_s` seconds. ramp_per_s is the gateway's batch ramp
     after a raise (None: the gateway's default; 0: a raise lets batch in at once). preempt: the
     gateway ends the newest batch requests over a lowered allowance; their output tokens are
-    lost and not counted in the batch throughput.
+    lost and not counted in the batch throughput. hold_slots: the gateway holds batch under
+    the engine's slots less a few kept for chat (`--engine-slots`).
     """
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else scenario.duration_s)
@@ -181,10 +183,14 @@ def run_virtual(
         scenario = dataclasses.replace(
             scenario, batch=dataclasses.replace(scenario.batch, streams=batch_streams)
         )
-    world = World(scenario, seed=seed, thermal=thermal, preempt=preempt)
+    world = World(scenario, seed=seed, thermal=thermal, preempt=preempt, hold_slots=hold_slots)
     world.ramp.per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
     ctx = ControllerContext(
-        slo, scenario.batch.streams, scenario.engine.max_running_seqs, scenario.gpu.sw_hold_c
+        slo,
+        scenario.batch.streams,
+        scenario.engine.max_running_seqs,
+        scenario.gpu.sw_hold_c,
+        hold_slots,
     )
     ctl = make_controller(controller, ctx) if isinstance(controller, str) else controller
     ctl_name = controller if isinstance(controller, str) else type(controller).__name__

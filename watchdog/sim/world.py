@@ -17,7 +17,9 @@ by a controller through `set_allowance`, None = no limit) caps how many are admi
 the project's gateway does. A request already running is not cut, unless the gateway
 pre-empts (`preempt`, opt-in as the gateway's is): then an allowance lowered under batch in
 flight ends the newest batch requests at once, their tokens are lost, and each stream sends
-its request again after `PREEMPT_RETRY_S`, once there is room.
+its request again after `PREEMPT_RETRY_S`, once there is room. With `hold_slots` the
+gateway holds its slot line (`--engine-slots`): batch is sent only while batch and chat in
+flight stay under the engine's slots less min(4, slots/8), as `GatewayConfig.slot_line`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import random
 
 from llm_watchdog.gateway.admission import Ramp
+from llm_watchdog.gateway.config import SLOTS_KEPT_FOR_CHAT
 from llm_watchdog.sim.engine import DECODE, Engine, Request, StepPlan, StepResult
 from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import ClassTraffic, Scenario
@@ -35,7 +38,13 @@ PREEMPT_RETRY_S = 1.0  # a pre-empted stream retries after the gateway's Retry-A
 
 class World:
     def __init__(
-        self, scenario: Scenario, *, seed: int = 0, thermal: bool = True, preempt: bool = False
+        self,
+        scenario: Scenario,
+        *,
+        seed: int = 0,
+        thermal: bool = True,
+        preempt: bool = False,
+        hold_slots: bool = False,
     ) -> None:
         self.scenario = scenario
         self.gpu = SimGpu(scenario.gpu)
@@ -61,6 +70,10 @@ class World:
         self._batch_due: list[float] = []  # times at which a waiting stream may send again
         self._batch_inflight: dict[int, Request] = {}
         self.preempt = preempt
+        slots = scenario.engine.max_running_seqs
+        # The gateway's slot line: batch + chat in flight under it (None: no line).
+        self.slot_line = slots - min(SLOTS_KEPT_FOR_CHAT, slots // 8) if hold_slots else None
+        self._chat_open: set[int] = set()  # chat handed to the engine and not finished
         self.preempted = 0  # batch requests ended by pre-emption
         self.preempted_tokens = 0  # their output tokens, counted by steps and then lost
         self._batch_next_ok_s = 0.0  # the job's own pace (max_requests_per_s) allows a send
@@ -156,7 +169,15 @@ class World:
 
     def submit(self, req: Request, now_s: float) -> None:
         self.advance(now_s)
+        if req.cls == "chat":
+            self._chat_open.add(req.id)
         self.engine.submit(req)
+
+    def cancel(self, req: Request) -> None:
+        """A request sent over HTTP whose client left: the engine drops it, its slot is free."""
+        self._chat_open.discard(req.id)
+        self.engine.cancel(req)
+        self.poll(self.t_s)
 
     def clock_ratio(self) -> float:
         return self.gpu.sm_clock_active_mhz / self.scenario.gpu.sm_clock_max_mhz
@@ -174,6 +195,7 @@ class World:
         self.advance(plan.end_s)
         res = self.engine.finish_step()
         self._load = 0.0
+        self._chat_open.difference_update(r.id for r in res.finished)
         ended = [r for r in res.finished if r.id in self._batch_inflight]
         for req in ended:
             self._batch_inflight.pop(req.id, None)
@@ -204,7 +226,10 @@ class World:
         return min(self.batch_streams, limit)
 
     def _batch_room(self) -> int:
-        return self.batch_target - len(self._batch_inflight)
+        room = self.batch_target - len(self._batch_inflight)
+        if self.slot_line is not None:
+            room = min(room, self.slot_line - len(self._chat_open) - len(self._batch_inflight))
+        return room
 
     def set_batch_streams(self, n: int, now_s: float) -> None:
         """The batch job's demand: how many requests it wants in flight."""
