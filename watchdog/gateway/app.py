@@ -55,11 +55,13 @@ class Gateway:
                 config.max_queue_wait_s,
                 config.max_queued,
                 clock,
-                room=self._under_slot_line,
+                # Without a line no admission pays for the check.
+                room=None if config.slot_line is None else self._under_slot_line,
             ),
         }
-        # Chat giving back a slot may let a batch request under the line.
-        self.gates[CHAT].on_release = self.gates[BATCH].wake
+        if config.slot_line is not None:
+            # Chat giving back a slot may let a batch request under the line.
+            self.gates[CHAT].on_release = self.gates[BATCH].wake
         self.observer = Observer(CLASSES, config.ttft_ring_size)
         self.registry = metrics_registry(self.observer, self.metric_gauges)
         self.changes: deque[dict[str, object]] = deque(maxlen=100)
@@ -72,9 +74,7 @@ class Gateway:
 
     def _under_slot_line(self) -> bool:
         line = self.config.slot_line
-        if line is None:
-            return True
-        return sum(gate.inflight for gate in self.gates.values()) < line
+        return line is None or sum(gate.inflight for gate in self.gates.values()) < line
 
     async def start(self) -> None:
         config = self.config

@@ -93,9 +93,7 @@ class GatewayConfig:
     @property
     def slot_line(self) -> int | None:
         """Batch and chat in flight together under which batch is let in (None: no line)."""
-        if not self.engine_slots:
-            return None
-        return self.engine_slots - min(SLOTS_KEPT_FOR_CHAT, self.engine_slots // 8)
+        return slot_line(self.engine_slots)
 
     def __post_init__(self) -> None:
         _check_url("upstream_url", self.upstream_url)
@@ -163,6 +161,14 @@ class GatewayConfig:
         # Frozen means frozen: a caller's dict changed later must not change the gateway.
         object.__setattr__(self, "key_classes", MappingProxyType(dict(self.key_classes)))
         object.__setattr__(self, "priorities", MappingProxyType(dict(self.priorities)))
+
+
+def slot_line(engine_slots: int) -> int | None:
+    """The gateway's slot line on an engine of `engine_slots` (0: not known, no line): the
+    heat lab's gateway draws it the same way."""
+    if not engine_slots:
+        return None
+    return engine_slots - min(SLOTS_KEPT_FOR_CHAT, engine_slots // 8)
 
 
 def read_token(

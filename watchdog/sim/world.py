@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 
 from llm_watchdog.gateway.admission import Ramp
-from llm_watchdog.gateway.config import SLOTS_KEPT_FOR_CHAT
+from llm_watchdog.gateway.config import slot_line
 from llm_watchdog.sim.engine import DECODE, Engine, Request, StepPlan, StepResult
 from llm_watchdog.sim.gpu import GpuSnapshot, SimGpu
 from llm_watchdog.sim.scenario import ClassTraffic, Scenario
@@ -70,9 +70,8 @@ class World:
         self._batch_due: list[float] = []  # times at which a waiting stream may send again
         self._batch_inflight: dict[int, Request] = {}
         self.preempt = preempt
-        slots = scenario.engine.max_running_seqs
         # The gateway's slot line: batch + chat in flight under it (None: no line).
-        self.slot_line = slots - min(SLOTS_KEPT_FOR_CHAT, slots // 8) if hold_slots else None
+        self.slot_line = slot_line(scenario.engine.max_running_seqs) if hold_slots else None
         self._chat_open: set[int] = set()  # chat handed to the engine and not finished
         self.preempted = 0  # batch requests ended by pre-emption
         self.preempted_tokens = 0  # their output tokens, counted by steps and then lost
