@@ -258,10 +258,17 @@ def test_chat_in_flight_is_never_preempted(
     finally:
         for stream in streams:
             stream.close()
-    wait_for(lambda: engine_outcome(engine, "c1") == "completed", what="chat completed")
-    assert [engine_outcome(engine, h) for h in ("b0", "b1", "c0")] == [
+    # The engine marks a stream completed after its last write, so the client can have read
+    # [DONE] before the engine's thread records it: wait until no outcome is left open.
+    holds = ("b0", "b1", "c0", "c1")
+    wait_for(
+        lambda: all(engine_outcome(engine, h) != "open" for h in holds),
+        what="every engine stream settled",
+    )
+    assert [engine_outcome(engine, h) for h in holds] == [
         "cancelled",
         "cancelled",
+        "completed",
         "completed",
     ]
     chat = control(http, gw)["classes"]["chat"]
