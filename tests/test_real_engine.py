@@ -327,3 +327,103 @@ def httpx_get(url: str) -> dict:
     import httpx
 
     return httpx.get(url, timeout=5).json()
+
+
+@pytest.mark.timeout(900)
+def test_headroom_over_a_real_loaded_run_names_less_batch_than_ran(llama, tmp_path):
+    """`llm-watchdog headroom` over the database of a real run: chat alone, then beside two
+    extraction streams. Without NVML the card's state is `no-gpu`, so the map's split is by
+    load alone: the batch level that slowed chat fails, the idle one holds, and the answer is
+    the idle level, below what ran."""
+    import json
+
+    from click.testing import CliRunner
+
+    from llm_watchdog.bench.loadgen import BatchLoad
+    from llm_watchdog.cli import cli
+    from llm_watchdog.gateway import GatewayConfig, GatewayServer
+    from llm_watchdog.stats import quantile
+
+    token = "real-engine-token"
+    (tmp_path / "token").write_text(token)
+    db = tmp_path / "wd.db"
+    streams = 2
+    with GatewayServer(
+        GatewayConfig(
+            upstream_url=llama.url,
+            listen_port=0,
+            batch_default_allowance=streams,
+            control_token=token,
+        )
+    ) as gw:
+        settings = settings_from_dict(
+            {
+                "server": {"url": gw.url},
+                "probe": {"interval": "1s", "jitter": 0, "first_token_timeout": "30s"},
+                "gpu": {"enabled": False},
+                "storage": {"path": str(db)},
+                "api": {"listen": ""},
+                # Dry run: every probe records the batch in flight it was sent under, and
+                # nothing is written to the gateway, so the load stays what the test set.
+                "control": {
+                    "enabled": True,
+                    "dry_run": True,
+                    "gateway_url": gw.url,
+                    "token_file": str(tmp_path / "token"),
+                    "default_allowance": streams,
+                },
+            },
+            "t.toml",
+        )
+        with Store(settings.storage.path) as store:
+            daemon = Daemon(settings, store)
+            daemon.startup()
+
+            def probes_at(inflight: int, want: int, seconds: float) -> list:
+                """Warm, answered probes sent with `inflight` batch requests running."""
+                out: list = []
+                end = time.monotonic() + seconds
+                while len(out) < want and time.monotonic() < end:
+                    t0 = time.monotonic()
+                    daemon.steer.step()  # reads the gateway's batch in flight (dry run)
+                    r = daemon.probe_once()
+                    if r.ok and not r.cold and r.batch_inflight == inflight:
+                        out.append(r)
+                    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+                return out
+
+            try:
+                idle = probes_at(0, 30, 180)
+                with BatchLoad(gw.url, daemon.model, streams=streams, words=700, max_tokens=64):
+                    loaded = probes_at(streams, 24, 420)
+            finally:
+                daemon.shutdown(timeout_s=5)
+    assert len(idle) >= 20 and len(loaded) >= 20, (len(idle), len(loaded))
+    idle_p95 = quantile([r.ttft_ms for r in idle], 0.95)
+    # The target sits where the idle engine holds with room: three times its p95.
+    target = 3 * idle_p95
+    over = sum(1 for r in loaded if r.ttft_ms > target)
+    assert over > 0.05 * len(loaded), (
+        f"{streams} batch streams did not slow chat past {target:.0f} ms here "
+        f"(idle p95 {idle_p95:.0f} ms, {over} of {len(loaded)} loaded probes over)"
+    )
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db)}
+    out = CliRunner().invoke(
+        cli, ["headroom", "--since", "1h", "--target", f"{target:.0f}", "--json"], env=env, obj={}
+    )
+    assert out.exit_code == 0, out.output
+    rows = {r["state"]: r for r in map(json.loads, out.output.splitlines())}
+    assert set(rows) == {"no-gpu"}, rows
+    row = rows["no-gpu"]
+    groups = {g["lo"]: g for g in row["groups"]}
+    assert groups[0]["verdict"] == "holds" and groups[streams]["verdict"] == "fails", groups
+    assert row["allowance"] is not None and row["allowance"] < streams, row
+    text = CliRunner().invoke(
+        cli, ["headroom", "--since", "1h", "--target", f"{target:.0f}"], env=env, obj={}
+    )
+    assert text.exit_code == 0 and f"no-gpu  {row['allowance']}" in text.output, text.output
+    print(
+        f"idle p95 {idle_p95:.0f} ms over {len(idle)} probes; loaded p95 "
+        f"{quantile([r.ttft_ms for r in loaded], 0.95):.0f} ms, {over} of {len(loaded)} over "
+        f"the {target:.0f} ms target\n{text.output}"
+    )
