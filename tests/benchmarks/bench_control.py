@@ -33,7 +33,7 @@ Columns:
 
 Chat alone (`static:0`, no batch at all) is run too: where it misses 99 % of windows, no
 allowance can meet the target, and the summary counts attainment over the runs where it can
-(`att≥99% (feasible)`).
+(its `feasible` column).
 
 Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same attainment and ahead of
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
