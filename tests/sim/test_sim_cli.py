@@ -14,7 +14,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from llm_watchdog.sim.cli import sim, sweep_points
+from llm_watchdog.sim.cli import share_text, sim, sweep_points
 from llm_watchdog.sim.controllers import (
     ControllerContext,
     Observation,
@@ -39,6 +39,26 @@ def test_run_prints_the_figures_a_person_asks_for() -> None:
     assert "SLO         p95 ≤ 1,500 ms in " in out
     assert "tokens/s" in out and "allowance   0 changes, final 4" in out
     assert "GPU         peak " in out and "throttled" in out
+
+
+def test_a_share_just_short_of_99_percent_never_prints_as_99() -> None:
+    # Static 2 on hr-fans-stall-twice, seed 0, meets 96 of its 97 windows: 98.97 %, which
+    # rounded to the nearest 0.1 % read "99.0 %" next to a target it misses.
+    code, out = invoke("run", "-s", "hr-fans-stall-twice", "-c", "static:2", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert (doc["slo_windows"], round(doc["slo_attainment"] * doc["slo_windows"])) == (97, 96)
+    code, out = invoke("run", "-s", "hr-fans-stall-twice", "-c", "static:2")
+    assert code == 0, out
+    assert "in 96/97 one-minute windows (98.9 %)" in out
+
+
+@pytest.mark.parametrize(
+    ("share", "text"),
+    [(None, "-"), (0.0, "0.0 %"), (96 / 97, "98.9 %"), (0.99, "99.0 %"), (1.0, "100.0 %")],
+)
+def test_share_text_rounds_down(share: float | None, text: str) -> None:
+    assert share_text(share) == text
 
 
 def test_run_json_is_one_object_with_every_figure() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import signal
 import threading
 
@@ -195,9 +196,17 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f} ms"
 
 
+def share_text(share: float | None) -> str:
+    """A share of windows, rounded down to 0.1 %: 96 of 97 windows (98.97 %) is "98.9 %", not
+    a "99.0 %" that reads as meeting the 99 % target it misses."""
+    if share is None:
+        return "-"
+    return f"{math.floor(1000 * share + 1e-9) / 10:.1f} %"
+
+
 def report_lines(r: RunResult) -> list[str]:
     """The text report of one virtual run."""
-    att = "-" if r.slo_attainment is None else f"{100 * r.slo_attainment:.1f} %"
+    att = share_text(r.slo_attainment)
     met = 0 if r.slo_attainment is None else round(r.slo_attainment * r.slo_windows)
     return [
         f"scenario {r.scenario}, controller {r.controller}: {format_duration(r.duration_s)} "
@@ -418,7 +427,7 @@ def sweep(
         return "-" if g is None else _ms(g.p95_ms)
 
     for n, r in sorted(runs.items()):
-        att = "-" if r.slo_attainment is None else f"{100 * r.slo_attainment:.1f} %"
+        att = share_text(r.slo_attainment)
         click.echo(
             f"{n:>9}  {att:>8}  {p99('cool', n):>10}  {p99('warm', n):>10}  {p99('hot', n):>10}"
             f"  {r.batch_tokens_per_s:>8,.1f}  {r.peak_temp_c:>5.1f} °C"
