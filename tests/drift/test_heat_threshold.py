@@ -11,6 +11,7 @@ import numpy as np
 from llm_watchdog.drift import DriftConfig, DriftMonitor, Observation
 from llm_watchdog.drift.cause import ClockElasticity, split_causes
 from llm_watchdog.drift.replay import parse_trace, replay_observations
+from llm_watchdog.durations import human_ms
 from tests.drift.test_monitor import SW_THERMAL, T0, index_of, of_kind, run, trace
 
 TARGET_C, SLOWDOWN_C = 83.0, 93.0
@@ -132,6 +133,13 @@ def test_messages_use_the_newest_clock_and_the_resolved_one_says_what_ended_it()
     (closed,) = of_kind(events, "latency", "closed")
     assert closed.message.startswith("Resolved after")
     assert "p95 TTFT back to" in closed.message and "no throttle bit" in closed.message
+    # Chat got worse after the alarm: the resolved line gives the worst p95 and says so, and
+    # the opened line's p95 is the one the alarm fired on.
+    assert "at worst" not in opened.message
+    assert closed.peak_p95_ms is not None and opened.peak_p95_ms is not None
+    assert closed.peak_p95_ms > opened.peak_p95_ms
+    worst = human_ms(closed.peak_p95_ms, scale_of=closed.baseline_p95_ms)
+    assert f"p95 TTFT at worst {worst} vs " in closed.message
 
 
 def test_replay_reads_the_threshold_columns(tmp_path: Path) -> None:

@@ -3,6 +3,12 @@
     Chat slowed under heat: p95 TTFT 1.9 s vs 0.8 s baseline; GPU 86 °C, SM 1450/1980 MHz,
     SwThermalSlowdown for 7 min
     Chat slowed under heat and batch load (thermal 70 %, load 30 %): p95 TTFT ...
+    Resolved after 4 min (p95 TTFT back to 0.7 s, ...): Chat slowed under heat: p95 TTFT at
+    worst 2.6 s vs 0.8 s baseline; ...
+
+An event's line is written when it opens, from the figures the alarm fired on, and again each
+time chat gets worse, from its worst figures so far ("at worst"); the resolved line is the
+last of those.
 
 The GPU figures are the newest reading the event was judged on (temperature, clock and bits
 as they are when the alert is sent), not a median over the minutes before it.
@@ -81,9 +87,11 @@ def _ttft_part(
     baseline_p95_ms: float | None,
     p50_ms: float | None,
     baseline_p50_ms: float | None,
+    worst: bool = False,
 ) -> str:
-    p95 = f"{human_ms(p95_ms, scale_of=baseline_p95_ms)} vs " + human_ms(
-        baseline_p95_ms, scale_of=p95_ms
+    p95 = ("at worst " if worst else "") + (
+        f"{human_ms(p95_ms, scale_of=baseline_p95_ms)} vs "
+        + human_ms(baseline_p95_ms, scale_of=p95_ms)
     )
     if (
         p95_ms is not None
@@ -109,7 +117,11 @@ def latency_message(
     ev: dict[str, Any],
     p50_ms: float | None = None,
     baseline_p50_ms: float | None = None,
+    worst: bool = False,
 ) -> str:
+    """`worst`: the figures are the event's worst so far (an update, and the resolved line
+    built from it), not those the alarm fired on; the line says so, so that the opened and
+    resolved lines of one event do not show two p95s as if both were "the" p95."""
     head = HEADLINES.get(cause, HEADLINES["unknown"])
     shares = ev.get("cause_shares")
     if shares:
@@ -117,7 +129,7 @@ def latency_message(
         names = " and ".join(SHARE_NAMES.get(k, k) for k, _ in ordered)
         split = ", ".join(f"{k} {100 * v:.0f} %" for k, v in ordered)
         head = f"Chat slowed under {names} ({split})"
-    line = f"{head}: {_ttft_part(p95_ms, baseline_p95_ms, p50_ms, baseline_p50_ms)}"
+    line = f"{head}: {_ttft_part(p95_ms, baseline_p95_ms, p50_ms, baseline_p50_ms, worst)}"
     parts = _gpu_part(ev, cause)
     if cause == "load":
         inflight, base = ev.get("batch_inflight"), ev.get("baseline_batch_inflight")

@@ -394,7 +394,7 @@ class DriftMonitor:
             ev["p50_ms"] = self._p50()
             rec.evidence = ev
             rec.message = messages.latency_message(
-                rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev, ev["p50_ms"], b50
+                rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev, ev["p50_ms"], b50, worst=True
             )
         big = (
             rec.peak_p95_ms is not None
