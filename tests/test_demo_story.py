@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_watchdog.demo import DemoOptions, run_demo, story, summary
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.demo import DemoOptions, DemoResult, run_demo, story, summary
 
 ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
 # The control loop reads chat's p95 every 2 s and may cut a probe or two before the detector
@@ -47,3 +48,19 @@ def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_p
     assert "back to" in resolved.message  # says what ended it
     lines = summary(result)
     assert "  what happened, in order" in lines
+
+
+def test_the_cut_line_runs_down_to_the_level_the_allowance_grows_back_from(tmp_path):
+    # 4 → 3 at 68 s and 3 → 2 at 90 s, then 2 → 4 once the fans are back: the story's cut
+    # line ends on 2, the level its "regrown 2 → 4" line starts from.
+    warn = AlertEvent("drift:heat_warning:1", "heat_warning", "firing", 1047.0, "t", "warming")
+    result = DemoResult(
+        db_path=tmp_path / "demo.db",
+        alerts=[warn],
+        allowances=[(0.0, 4), (30.0, 3), (40.0, 4), (68.0, 3), (90.0, 2), (149.0, 4), (170.0, 3)],
+        phases=[("air 32 °C", 0.0, 45.0), ("air 76 °C", 45.0, 120.0), ("air 32 °C", 120.0, 270.0)],
+        started_at=1000.0,
+    )
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    assert told["cut"] == (68.0, "batch allowance 4 → 3 → 2")  # the 30 s cut came before
+    assert told["regrown"] == (149.0, "batch allowance 2 → 4")

@@ -292,11 +292,12 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     """The heat story in the order it happened: (demo seconds, step, detail).
 
     Steps: heat_warning, throttled (the first probe with a thermal bit), chat_slowed (with its
-    cause), cut (the first allowance cut after the warning or the slowdown), fans_back (the
-    scenario's ambient returns), resolved (the slowdown's event ends), regrown (the first
-    raise of the allowance after the fans return). The last two are judged apart: the event
-    ends when chat is back at its baseline, the allowance grows when chat's p95 is well under
-    its target and the clocks have settled, so either may come first.
+    cause), cut (the first allowance cut after the warning or the slowdown, with the cuts
+    after it up to the next raise), fans_back (the scenario's ambient returns), resolved (the
+    slowdown's event ends), regrown (the first raise of the allowance after the fans return).
+    The last two are judged apart: the event ends when chat is back at its baseline, the
+    allowance grows when chat's p95 is well under its target and the clocks have settled, so
+    either may come first.
     """
     t0 = result.started_at
     steps: list[tuple[float, str, str]] = []
@@ -329,12 +330,20 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
         (t for t, step, _ in steps if step in ("heat_warning", "chat_slowed")), default=None
     )
     if begin is not None:
-        prev = None
+        # The first cut, with the cuts that follow it before any raise: "4 → 3 → 2", so the
+        # level the allowance later grows back from is the one this line ends on.
+        prev, cut_at, levels = None, None, []
         for t, a in result.allowances:
-            if prev is not None and a < prev and t >= begin:
-                steps.append((t, "cut", f"batch allowance {prev} → {a}"))
-                break
+            if prev is not None and t >= begin and a != prev:
+                if a > prev and cut_at is not None:
+                    break
+                if a < prev:
+                    if cut_at is None:
+                        cut_at, levels = t, [prev]
+                    levels.append(a)
             prev = a
+        if cut_at is not None:
+            steps.append((cut_at, "cut", "batch allowance " + " → ".join(map(str, levels))))
     back = None
     for label, start, _ in result.phases[2:3]:
         steps.append((start, "fans_back", label))
