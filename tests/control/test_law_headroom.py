@@ -84,6 +84,29 @@ def test_a_surge_cap_learned_hot_is_retested_once_the_card_is_cooler() -> None:
     assert c.surge_cap is None
 
 
+def test_a_surge_cap_learned_hot_holds_growth_only_while_the_card_is_hot() -> None:
+    c = ours(default_allowance=2, app_limited_headroom=0, surge_cap_retest_s=3600.0)
+    c.surge_cap = 2
+    c.surge_cap_heat = (True, 0.3)  # missed under a slowdown bit, at 0.3 of the clock
+    now, a = 0.0, None
+    for _ in range(30):  # hot again, chat fast: held at the cap
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=HOT, batch_inflight=2, batch_queued=10))
+        now += 10.0
+    assert a is not None and a.allowance_after == 2
+    assert "the level chat surges were met from" in a.reason
+    for _ in range(30):  # cool, the cap still kept: growth goes past it
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=a.allowance_after))
+        now += 10.0
+    assert a.allowance_after > 2 and c.surge_cap == 2
+    # A cap learned on a cool card holds on a cool card.
+    c = ours(default_allowance=2, app_limited_headroom=0, surge_cap_retest_s=3600.0)
+    c.surge_cap, c.surge_cap_heat = 2, (False, 1.0)
+    for _ in range(30):
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=2, batch_queued=10))
+        now += 10.0
+    assert a.allowance_after == 2
+
+
 def history() -> list[Observation]:
     """What the card has shown: hot, chat holds with 3 batch in flight and not with 6; cool,
     it holds with 10."""

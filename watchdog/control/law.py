@@ -40,7 +40,8 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   sheds batch in proportion at once, and how the surge went (its chat p95 over its first
   `window_s`, the minute the SLO loses or keeps) teaches a ceiling: a surge missed from
   level L caps growth at `surge_backoff`·L; one as large, met from the cap with room to
-  spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉). Surges are
+  spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉); a cap learned
+  under a thermal slowdown bit holds only while a bit is set (`surge_cap_hot_only`). Surges are
   counted from chat *arrivals* when the serving layer reports them
   (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
   behind itself.
@@ -161,6 +162,9 @@ class ControlConfig:
     max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
     surge_cap_retest_s: float = 1200.0  # a surge cap whose conditions are gone this long goes
+    # A surge cap learned under a thermal slowdown bit holds growth only while a bit is set: a
+    # surge missed on a card at a third of its clock says nothing of the card once it is cool.
+    surge_cap_hot_only: bool = True
     headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
     headroom_dwell_s: float = 10.0  # a thermal state counts once it has held this long
     headroom_memory_s: float = 4 * 3600.0  # samples the map is learned from
@@ -244,6 +248,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         max_grows_per_h=0.0,
         surge_heat_factor=1.0,
         surge_cap_retest_s=0.0,
+        surge_cap_hot_only=False,
         headroom=False,
         heat_eta_s=0.0,
     )
@@ -679,7 +684,13 @@ class AllowanceController:
                 if throttled
                 else "the ceiling frozen until the clocks have settled"
             )
-        if self.surge_cap is not None and self.surge_cap < limit:
+        hot_cap_cool = (
+            c.surge_cap_hot_only
+            and self.surge_cap_heat is not None
+            and self.surge_cap_heat[0]
+            and not (inp.gpu is not None and inp.gpu.has(THERMAL_MASK))
+        )
+        if self.surge_cap is not None and self.surge_cap < limit and not hot_cap_cool:
             limit, why_limit = self.surge_cap, "the level chat surges were met from"
         if c.engine_slots and c.slot_reserve > 0 and self.chat_usual is not None:
             room = c.engine_slots - math.ceil(c.slot_reserve * self.chat_usual)
