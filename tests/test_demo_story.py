@@ -50,17 +50,28 @@ def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_p
     assert "  what happened, in order" in lines
 
 
-def test_the_cut_line_runs_down_to_the_level_the_allowance_grows_back_from(tmp_path):
-    # 4 → 3 at 68 s and 3 → 2 at 90 s, then 2 → 4 once the fans are back: the story's cut
-    # line ends on 2, the level its "regrown 2 → 4" line starts from.
+def test_the_cut_line_says_how_low_the_allowance_went_before_it_grew_back(tmp_path):
+    # The first cut after the warning is 4 → 3 at 68 s; the allowance goes back to 4, then
+    # down to 1 at 101 s, and grows 1 → 4 at 149 s, after the fans are back.
     warn = AlertEvent("drift:heat_warning:1", "heat_warning", "firing", 1047.0, "t", "warming")
+    allowances = [(0.0, 4), (30.0, 3), (40.0, 4), (68.0, 3), (80.0, 4), (90.0, 2), (101.0, 1)]
     result = DemoResult(
         db_path=tmp_path / "demo.db",
         alerts=[warn],
-        allowances=[(0.0, 4), (30.0, 3), (40.0, 4), (68.0, 3), (90.0, 2), (149.0, 4), (170.0, 3)],
+        allowances=[*allowances, (149.0, 4), (170.0, 0)],
         phases=[("air 32 °C", 0.0, 45.0), ("air 76 °C", 45.0, 120.0), ("air 32 °C", 120.0, 270.0)],
         started_at=1000.0,
     )
     told = {step: (t, detail) for t, step, detail in story(result)}
-    assert told["cut"] == (68.0, "batch allowance 4 → 3 → 2")  # the 30 s cut came before
-    assert told["regrown"] == (149.0, "batch allowance 2 → 4")
+    # The 30 s cut came before the warning; the 0 at 170 s after the regrowth.
+    assert told["cut"] == (68.0, "batch allowance 4 → 3, down to 1 at 101s")
+    assert told["regrown"] == (149.0, "batch allowance 1 → 4")
+    # A cut that is the lowest point says no more than the cut.
+    result.allowances = [(0.0, 4), (68.0, 2), (149.0, 4)]
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    assert told["cut"] == (68.0, "batch allowance 4 → 2")
+    # A raise after the fans are back that comes before the first cut leaves the cut alone.
+    result.allowances = [(0.0, 4), (125.0, 5), (130.0, 3), (140.0, 2)]
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    assert told["regrown"] == (125.0, "batch allowance 4 → 5")
+    assert told["cut"] == (130.0, "batch allowance 5 → 3, down to 2 at 140s")

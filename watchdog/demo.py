@@ -292,8 +292,8 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     """The heat story in the order it happened: (demo seconds, step, detail).
 
     Steps: heat_warning, throttled (the first probe with a thermal bit), chat_slowed (with its
-    cause), cut (the first allowance cut after the warning or the slowdown, with the cuts
-    after it up to the next raise), fans_back (the scenario's ambient returns), resolved (the
+    cause), cut (the first allowance cut after the warning or the slowdown, and the lowest
+    level before the regrowth), fans_back (the scenario's ambient returns), resolved (the
     slowdown's event ends), regrown (the first raise of the allowance after the fans return).
     The last two are judged apart: the event ends when chat is back at its baseline, the
     allowance grows when chat's p95 is well under its target and the clocks have settled, so
@@ -329,21 +329,14 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     begin = min(
         (t for t, step, _ in steps if step in ("heat_warning", "chat_slowed")), default=None
     )
+    cut = None  # (demo s, before, after) of the first cut after the warning or the slowdown
     if begin is not None:
-        # The first cut, with the cuts that follow it before any raise: "4 → 3 → 2", so the
-        # level the allowance later grows back from is the one this line ends on.
-        prev, cut_at, levels = None, None, []
+        prev = None
         for t, a in result.allowances:
-            if prev is not None and t >= begin and a != prev:
-                if a > prev and cut_at is not None:
-                    break
-                if a < prev:
-                    if cut_at is None:
-                        cut_at, levels = t, [prev]
-                    levels.append(a)
+            if prev is not None and a < prev and t >= begin:
+                cut = (t, prev, a)
+                break
             prev = a
-        if cut_at is not None:
-            steps.append((cut_at, "cut", "batch allowance " + " → ".join(map(str, levels))))
     back = None
     for label, start, _ in result.phases[2:3]:
         steps.append((start, "fans_back", label))
@@ -352,13 +345,27 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
         done = next((a for a in result.alerts if a.key == slow.key and a.state == "resolved"), None)
         if done is not None:
             steps.append((at(done.ts), "resolved", done.message))
+    regrown_at = None
     if back is not None:
         prev = None
         for t, a in result.allowances:
             if prev is not None and a > prev and t >= back:
                 steps.append((t, "regrown", f"batch allowance {prev} → {a}"))
+                regrown_at = t
                 break
             prev = a
+    if cut is not None:
+        # The lowest level before the regrowth too: the allowance may go up and down again
+        # while the card is hot, and "cut 4 → 3" then "regrown 1 → 4" reads as a gap.
+        t_cut, before, after = cut
+        end = regrown_at if regrown_at is not None and regrown_at > t_cut else float("inf")
+        low_t, low = min(
+            ((t, a) for t, a in result.allowances if t_cut <= t < end), key=lambda x: (x[1], x[0])
+        )
+        detail = f"batch allowance {before} → {after}"
+        if low < after:
+            detail += f", down to {low} at {low_t:.0f}s"
+        steps.append((t_cut, "cut", detail))
     return sorted(steps, key=lambda s: s[0])
 
 
