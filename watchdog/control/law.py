@@ -639,7 +639,7 @@ class AllowanceController:
         elif heat_not_load:
             why = "chat arrivals up under a thermal slowdown: read as heat, not load"
         else:
-            kind, after, why = self._grow(level, est, inp, throttled)
+            kind, after, why = self._grow(level, est, inp, throttled, heat_now)
         if after > level:
             self.grow_times.append(inp.now_s)
             if kind == "grow" and self.map_used is not None:
@@ -669,7 +669,7 @@ class AllowanceController:
         return ControlAction(inp.now_s, before, after, f"{head}: {why}", inputs, est, kind)
 
     def _grow(
-        self, level: int, est: float, inp: ControlInput, throttled: bool
+        self, level: int, est: float, inp: ControlInput, throttled: bool, heat_now: bool
     ) -> tuple[str, int, str]:
         c = self.config
         fast = c.grow_fast_below > 0 and est < c.grow_fast_below * c.target_p95_ms
@@ -688,7 +688,7 @@ class AllowanceController:
             c.surge_cap_hot_only
             and self.surge_cap_heat is not None
             and self.surge_cap_heat[0]
-            and not (inp.gpu is not None and inp.gpu.has(THERMAL_MASK))
+            and not heat_now
         )
         if self.surge_cap is not None and self.surge_cap < limit and not hot_cap_cool:
             limit, why_limit = self.surge_cap, "the level chat surges were met from"
@@ -723,7 +723,7 @@ class AllowanceController:
             and self._chat_as_usual(inp)
             # The level a surge was shed from was the cool card's: in a thermal slowdown the
             # way back is step by step, as the hot card shows it can take it.
-            and not (inp.gpu is not None and inp.gpu.has(THERMAL_MASK))
+            and not heat_now
         ):
             # The serving layer lets them in a request at a time: no prefill stampede for
             # the headroom to pace, and one write instead of a step every cooldown.
