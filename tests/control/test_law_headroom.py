@@ -261,3 +261,60 @@ def test_a_card_resting_just_under_its_slowdown_temperature_is_not_grown_back_to
         now += 1.0
     assert c.map_grow_to is None
     assert c.allowance < 10
+
+
+def test_a_card_hovering_at_its_slowdown_temperature_is_cut_ahead_once_not_at_every_touch():
+    # Cards that live at their target temperature sit a degree either side of it: each touch
+    # reads as "there", each dip as "not heading there". One cut to the hot row, then a hold
+    # there until the card is clearly cooler.
+    c = ours(
+        default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0, grow_cooldown_s=0.0
+    )
+    c.seed_map(history())
+    now, kinds = 0.0, []
+    for i in range(300):
+        temp = 89.0 if (i // 7) % 2 else 90.0  # touching, then a degree under, 7 s each
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=heating(temp), batch_inflight=c.allowance))
+        if a.changed:
+            kinds.append(a.kind)
+        now += 1.0
+    assert c.allowance == 3  # the seeded hot row
+    assert kinds == ["cut"]
+    assert "held at the hot row 3" in a.reason
+    # Cooled well under it: the hold is gone and chat's low p95 grows the allowance again.
+    for _ in range(60):
+        a = c.step(ControlInput(now, (200.0,) * 3, gpu=heating(80.0), batch_inflight=c.allowance))
+        now += 1.0
+    assert c.allowance > 3
+
+
+def surge_then_calm(**changes: object) -> AllowanceController:
+    """Two and a half minutes of 3 fast chat answers per 5 s, then a surge of 9 per 5 s, slow
+    ones, for 30 s, then 3 fast per 5 s again for two minutes: the map's samples."""
+    c = ours(default_allowance=12, surge_confirm=1, app_limited_headroom=0, **changes)
+    now = 0.0
+    for k in range(30 + 6 + 24):
+        n, ms = (9, 2500.0) if 30 <= k < 36 else (3, 300.0)
+        c.step(
+            ControlInput(
+                now,
+                (ms,) * n,
+                gpu=COOL,
+                batch_inflight=c.allowance,
+                batch_queued=0,
+                chat_arrivals=n,
+            )
+        )
+        now += 5.0
+    return c
+
+
+def test_the_map_learns_from_chat_at_its_usual_rate_not_from_a_surge() -> None:
+    learned = [ms for _, ms, _, _ in surge_then_calm().map_samples]
+    # The surge's slow answers, and the minute after it while its queue drains, are load:
+    # none is in the map, and the calm before and after is.
+    assert 2500.0 not in learned
+    assert len(learned) >= 3 * 30
+    # Where it is off, the map takes them in, as before.
+    mixed = [ms for _, ms, _, _ in surge_then_calm(map_skip_surges=False).map_samples]
+    assert mixed.count(2500.0) == 6 * 9

@@ -146,6 +146,9 @@ class ControlConfig:
     surge_confirm: int = 3  # steps in a row that must see the surge
     surge_backoff: float = 0.5
     app_limited_headroom: int = 2  # 0: off
+    # The map learns from chat at its usual rate: answers from a surge, and from the window
+    # after it while its queue drains, tell of the load, not of the card's thermal state.
+    map_skip_surges: bool = True
     grow_fast_below: float = 0.5  # 0: off
     grow_fast_fraction: float = 0.25
     cut_from_running: bool = True  # cut min(allowance, in flight), not the allowance
@@ -369,6 +372,11 @@ class AllowanceController:
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
         self.chat_usual_s = 0.0  # ... learned over this long
         self.grow_times: deque[float] = deque()  # when each grow of the last hour was
+        # The hot row a cut ahead of the heat went to: growth holds there while the card rests
+        # by its slowdown temperature, or a card that hovers a degree either side of it would
+        # be cut at every touch and grown back at every dip.
+        self.ahead_level: int | None = None
+        self.last_surge_s = -math.inf
         # The card when the surge cap was learned (thermal bit, clock ratio), and since when
         # it has been cooler than that: the cap is re-tested once that has lasted.
         self.surge_cap_heat: tuple[bool, float | None] | None = None
@@ -533,11 +541,21 @@ class AllowanceController:
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
         self._retest_surge_cap(inp, heat_now)
-        moved = self._map_observe(inp, values)
+        if surge and c.map_skip_surges:
+            if inp.now_s - self.last_surge_s >= c.window_s:
+                # Newly seen: the answers of the seconds the detector took to see it are the
+                # surge's too.
+                while self.map_samples and self.map_samples[-1][0] >= inp.now_s - c.surge_window_s:
+                    self.map_samples.pop()
+            self.last_surge_s = inp.now_s
+        learn = not (c.map_skip_surges and inp.now_s - self.last_surge_s < c.window_s)
+        moved = self._map_observe(inp, values if learn else [])
         map_cut: StateRow | None = None
         if moved is not None:
             map_cut = self._map_move(moved, level, inp.gpu)
         eta = self._heat_eta(inp)
+        if self.ahead_level is not None and not self._resting_at_limit(inp.gpu):
+            self.ahead_level = None
         if eta is not None and map_cut is None:
             ahead = self._map_row("hot")
             if ahead is not None and ahead.bound in ("exact", "at most"):
@@ -617,6 +635,8 @@ class AllowanceController:
                 else f"the card heads for its slowdown temperature in ~{eta:.0f} s"
             )
             why = f"{now}; headroom row: {self.map_used}"
+            if eta is not None:
+                self.ahead_level = after
         elif shed_to is not None and level > shed_to:
             # Little's law: chat's share of the engine grows with its arrival rate; shed
             # batch in proportion before the queue shows it.
@@ -634,6 +654,16 @@ class AllowanceController:
             why = f"p95≈{est:.0f} ms low, in cooldown after the last change"
         elif surge:
             why = "chat still arriving faster than usual: no probing upward"
+        elif (
+            self.ahead_level is not None
+            and level >= self.ahead_level
+            and not heat_now
+            and not self._map_grow_pending(level)
+        ):
+            why = (
+                f"p95≈{est:.0f} ms low, held at the hot row {self.ahead_level} until the card "
+                f"is {c.headroom_cool_margin_c:g} °C under its slowdown temperature"
+            )
         elif eta is not None and not self._map_grow_pending(level):
             why = f"the card heads for its slowdown temperature in ~{eta:.0f} s: no growing into it"
         elif heat_not_load:
