@@ -201,6 +201,25 @@ def test_openai_client_and_curl_stream_through_the_gateway(llama):
     assert len(events) >= 3 and events[-1] == "data: [DONE]"
 
 
+def test_the_gateway_reads_the_slots_of_a_real_llama_server(llama):
+    """`--engine-slots auto` (the CLI's default): llama-server's /props says --parallel 4,
+    and the gateway draws its slot line from it (4 less min(4, 4/8) = 4)."""
+    import httpx
+
+    from llm_watchdog.gateway import GatewayConfig, GatewayServer
+    from llm_watchdog.gateway.config import ENGINE_SLOTS_AUTO
+
+    config = GatewayConfig(upstream_url=llama.url, listen_port=0, engine_slots=ENGINE_SLOTS_AUTO)
+    with GatewayServer(config) as gw:
+        deadline = time.monotonic() + 10.0
+        while True:
+            batch = httpx.get(f"{gw.url}/control", timeout=5).json()["classes"]["batch"]
+            if batch["engine_slots"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert (batch["engine_slots"], batch["slot_line"]) == (4, 4)
+
+
 @pytest.mark.timeout(900)
 def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
     loop_server, tmp_path

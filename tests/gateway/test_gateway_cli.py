@@ -17,7 +17,10 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from llm_watchdog.gateway import GatewayConfig
+from llm_watchdog.gateway import cli as cli_module
 from llm_watchdog.gateway.cli import gateway, parse_listen, read_key_classes
+from llm_watchdog.gateway.config import ENGINE_SLOTS_AUTO
 
 
 @pytest.mark.parametrize(
@@ -60,7 +63,7 @@ def test_key_classes_file(tmp_path: Path) -> None:
         (["--upstream-first-byte-timeout", "0"], 2, "upstream_first_byte_timeout_s must be > 0"),
         (["--header-timeout", "soon"], 2, "expected a duration like 10s"),
         (["--max-connections", "0"], 2, "0 is not in the range x>=1"),
-        (["--engine-slots", "-1"], 2, "-1 is not in the range x>=0"),
+        (["--engine-slots", "-1"], 2, "is neither auto nor a count of slots >= 0"),
     ],
 )
 def test_bad_options_exit_with_one_line(args: list[str], code: int, message: str) -> None:
@@ -153,3 +156,26 @@ def test_foreground_process_serves_control_and_stops_on_sigterm(
         assert dead_engine.status_code == 502
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "slots"),
+    [
+        ([], ENGINE_SLOTS_AUTO),
+        (["--engine-slots", "auto"], ENGINE_SLOTS_AUTO),
+        (["--engine-slots", "0"], 0),
+        (["--engine-slots", "32"], 32),
+    ],
+)
+def test_engine_slots_are_asked_of_the_engine_unless_given(
+    args: list[str], slots: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[GatewayConfig] = []
+
+    def fake_serve(config: GatewayConfig, *rest: object, **kw: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(cli_module, "serve", fake_serve)
+    result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args])
+    assert result.exit_code == 0, result.output
+    assert [c.engine_slots for c in seen] == [slots]

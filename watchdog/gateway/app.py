@@ -9,6 +9,7 @@ and /metrics answer from here (see control.py); every other path goes to the pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -24,12 +25,26 @@ from starlette.routing import Route
 
 from llm_watchdog.gateway import control
 from llm_watchdog.gateway.admission import Allowance, Change, ClassGate
-from llm_watchdog.gateway.config import BATCH, CHAT, CLASSES, GatewayConfig
+from llm_watchdog.gateway.config import (
+    BATCH,
+    CHAT,
+    CLASSES,
+    ENGINE_SLOTS_AUTO,
+    GatewayConfig,
+    slot_line,
+)
 from llm_watchdog.gateway.observe import Observer, metrics_registry
 from llm_watchdog.gateway.proxy import Proxy, is_own_path, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
+from llm_watchdog.probe.engine import UNREACHABLE, detect_engine, engine_slots
 
 log = logging.getLogger("llm_watchdog.gateway")
+
+# With `engine_slots` auto: how often the engine is asked for its slots until it answers,
+# and after (an engine restarted with another --parallel), and how long one answer may take.
+SLOTS_ASK_UNTIL_KNOWN_S = 10.0
+SLOTS_ASK_KNOWN_S = 60.0
+SLOTS_ASK_TIMEOUT_S = 2.0
 
 
 class Gateway:
@@ -45,6 +60,10 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.wall = wall
+        # The slots the line is drawn from: given, or (auto) what the engine last said.
+        self.engine_slots = max(config.engine_slots, 0)
+        holds_line = config.engine_slots != 0
+        self._slots_task: asyncio.Task[None] | None = None
         self.gates = {
             CHAT: ClassGate(CHAT, None, None, 0, clock),
             BATCH: ClassGate(
@@ -56,10 +75,10 @@ class Gateway:
                 config.max_queued,
                 clock,
                 # Without a line no admission pays for the check.
-                room=None if config.slot_line is None else self._under_slot_line,
+                room=self._under_slot_line if holds_line else None,
             ),
         }
-        if config.slot_line is not None:
+        if holds_line:
             # Chat giving back a slot may let a batch request under the line.
             self.gates[CHAT].on_release = self.gates[BATCH].wake
         self.observer = Observer(CLASSES, config.ttft_ring_size)
@@ -72,8 +91,13 @@ class Gateway:
         self.primary: Upstream
         self.secondary: Upstream | None = None
 
+    @property
+    def slot_line(self) -> int | None:
+        """Batch and chat in flight together under which batch is let in (None: no line)."""
+        return slot_line(self.engine_slots)
+
     def _under_slot_line(self) -> bool:
-        line = self.config.slot_line
+        line = self.slot_line
         return line is None or sum(gate.inflight for gate in self.gates.values()) < line
 
     async def start(self) -> None:
@@ -81,8 +105,42 @@ class Gateway:
         self.primary = Upstream(config.upstream_url, config)
         if config.secondary_upstream_url:
             self.secondary = Upstream(config.secondary_upstream_url, config)
+        if config.engine_slots == ENGINE_SLOTS_AUTO:
+            self._slots_task = asyncio.create_task(self._ask_engine_slots())
+
+    async def _ask_engine_slots(self) -> None:
+        """Keep `engine_slots` to what the engine says (llama.cpp's /props, SGLang's
+        /get_server_info); an engine that does not say, or does not answer, leaves the last."""
+        while True:
+            info = await asyncio.to_thread(
+                detect_engine, self.config.upstream_url, timeout_s=SLOTS_ASK_TIMEOUT_S
+            )
+            said = engine_slots(info)
+            if said is not None and said != self.engine_slots:
+                self.set_engine_slots(said, f"{info.engine} says so")
+            # An engine that answered has said what it will say: ask it again only as often
+            # as a restart with another --parallel needs.
+            answered = info.engine != UNREACHABLE
+            await asyncio.sleep(
+                SLOTS_ASK_KNOWN_S if self.engine_slots or answered else SLOTS_ASK_UNTIL_KNOWN_S
+            )
+
+    def set_engine_slots(self, slots: int, why: str) -> None:
+        was, self.engine_slots = self.slot_line, slots
+        log.info(
+            "engine slots %d (%s): batch let in while batch + chat in flight stay under %s",
+            slots,
+            why,
+            self.slot_line,
+        )
+        if was is not None and self.slot_line is not None and self.slot_line > was:
+            self.gates[BATCH].wake()
 
     async def close(self) -> None:
+        if self._slots_task is not None:
+            self._slots_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._slots_task
         for timer in self._lease_timers.values():
             timer.cancel()
         for gate in self.gates.values():
@@ -239,8 +297,8 @@ class Gateway:
             "preempt": self.preempts(cls),
             # Batch is let in only while batch and chat in flight stay under this (None: no
             # line; the engine's slots are not known).
-            "slot_line": self.config.slot_line if cls == BATCH else None,
-            "engine_slots": (self.config.engine_slots or None) if cls == BATCH else None,
+            "slot_line": self.slot_line if cls == BATCH else None,
+            "engine_slots": (self.engine_slots or None) if cls == BATCH else None,
             "preempted": self.preempted[cls],
             "observed": self.observer[cls].summary(self.wall(), self.config.observed_window_s),
         }
@@ -291,7 +349,7 @@ class Gateway:
                 gauges["lease_expirations"][cls] = self.lease_expirations[cls]
                 gauges["control_changes"][cls] = self.control_changes[cls]
                 gauges["preempted"][cls] = self.preempted[cls]
-                gauges["slot_line"][cls] = self.config.slot_line
+                gauges["slot_line"][cls] = self.slot_line
         return gauges
 
 
@@ -384,4 +442,3 @@ class GatewayApp(Starlette):
             await self.proxy(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
-

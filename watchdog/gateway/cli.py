@@ -25,6 +25,7 @@ from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE
 from llm_watchdog.gateway.config import (
     CLASSES,
     DEFAULT_BATCH_RAMP_PER_S,
+    ENGINE_SLOTS_AUTO,
     TOKEN_ENV,
     GatewayConfig,
     read_token,
@@ -91,6 +92,33 @@ def read_secrets(
     )
     key_classes = read_key_classes(key_classes_file) if key_classes_file else {}
     return token, key_classes
+
+
+class EngineSlots(click.ParamType):
+    """`auto` or a count of slots >= 0."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return ENGINE_SLOTS_AUTO
+        if text.isdigit():
+            return int(text)
+        self.fail(
+            f"{value!r} is neither auto nor a count of slots >= 0 (the engine's "
+            "--max-num-seqs or --parallel; 0: no slot line)",
+            param,
+            ctx,
+        )
+
+
+def _slot_text(config: GatewayConfig) -> str:
+    if config.engine_slots == ENGINE_SLOTS_AUTO:
+        return ", a slot line where the engine says its slots"
+    return "" if config.slot_line is None else f", held under {config.slot_line} engine slots"
 
 
 def _priorities(values: tuple[str, ...]) -> dict[str, int]:
@@ -176,11 +204,13 @@ def _env_name(param_name: str) -> str:
 )
 @click.option(
     "--engine-slots",
-    type=click.IntRange(min=0),
-    default=0,
+    type=EngineSlots(),
+    default="auto",
     show_default=True,
     help="Sequences the engine runs at once (max_num_seqs, --parallel): batch is let in "
-    "only while batch + chat in flight stay under them less min(4, slots/8). 0: off.",
+    "only while batch + chat in flight stay under them less min(4, slots/8). auto: as "
+    "llama.cpp's /props or SGLang's /get_server_info say (no line where the engine does "
+    "not say: vLLM, Ollama, TGI); 0: off.",
 )
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
@@ -382,6 +412,6 @@ def _announce(url: str, config: GatewayConfig) -> None:
         config.batch_ceiling,
         config.max_queue_wait_s,
         ", pre-empted when cut" if config.preempt_batch else "",
-        "" if config.slot_line is None else f", held under {config.slot_line} engine slots",
+        _slot_text(config),
         token,
     )

@@ -26,6 +26,8 @@ DEFAULT_BATCH_RAMP_PER_S = 0.5
 # Engine slots kept free of batch for chat, at most an eighth of them: 4 is a rounding
 # error on a 256-slot vLLM and all of a 4-slot llama.cpp server.
 SLOTS_KEPT_FOR_CHAT = 4
+# `engine_slots` that asks the engine: llama.cpp's /props and SGLang's /get_server_info say.
+ENGINE_SLOTS_AUTO = -1
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,10 @@ class GatewayConfig:
     # while a chat burst waits behind them. Chat is never pre-empted.
     preempt_batch: bool = False
     # Sequences the engine runs at once (vLLM's max_num_seqs, llama.cpp's --parallel); 0:
-    # not known, no slot line. Known, batch is let in only while batch and chat in flight
-    # stay under the slots less min(4, slots/8): a chat request that arrives finds a slot
-    # free instead of waiting behind batch requests that hold theirs for minutes.
+    # not known, no slot line; ENGINE_SLOTS_AUTO: asked of the engine while the gateway runs.
+    # Known, batch is let in only while batch and chat in flight stay under the slots less
+    # min(4, slots/8): a chat request that arrives finds a slot free instead of waiting
+    # behind batch requests that hold theirs for minutes.
     engine_slots: int = 0
     # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
     priorities: Mapping[str, int] = field(default_factory=dict)
@@ -92,7 +95,8 @@ class GatewayConfig:
 
     @property
     def slot_line(self) -> int | None:
-        """Batch and chat in flight together under which batch is let in (None: no line)."""
+        """Batch and chat in flight together under which batch is let in (None: no line, or
+        not known before the engine says: `Gateway.slot_line` is the running one)."""
         return slot_line(self.engine_slots)
 
     def __post_init__(self) -> None:
@@ -127,10 +131,11 @@ class GatewayConfig:
             )
         if not isinstance(self.preempt_batch, bool):
             raise ValueError(f"preempt_batch must be true or false, got {self.preempt_batch!r}")
-        if not _is_int(self.engine_slots) or self.engine_slots < 0:
+        if not _is_int(self.engine_slots) or self.engine_slots < ENGINE_SLOTS_AUTO:
             raise ValueError(
                 f"engine_slots must be an integer >= 0 (the engine's max_num_seqs or "
-                f"--parallel; 0: not known), got {self.engine_slots!r}"
+                f"--parallel; 0: not known) or {ENGINE_SLOTS_AUTO} (ask the engine), "
+                f"got {self.engine_slots!r}"
             )
         if not _is_int(self.max_queued) or self.max_queued < 0:
             raise ValueError(f"max_queued must be an integer >= 0, got {self.max_queued!r}")
@@ -166,7 +171,7 @@ class GatewayConfig:
 def slot_line(engine_slots: int) -> int | None:
     """The gateway's slot line on an engine of `engine_slots` (0: not known, no line): the
     heat lab's gateway draws it the same way."""
-    if not engine_slots:
+    if engine_slots <= 0:
         return None
     return engine_slots - min(SLOTS_KEPT_FOR_CHAT, engine_slots // 8)
 

@@ -1,0 +1,119 @@
+"""`--engine-slots auto`: the gateway asks the engine for its slots, over real sockets.
+
+A fake engine on 127.0.0.1 answers llama.cpp's /props (`total_slots`) or vLLM's /version
+(which says no slot count); the gateway in front of it reads the slots while it runs and
+draws its slot line from them, and GET /control says what it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from llm_watchdog.gateway import GatewayConfig, GatewayServer
+from llm_watchdog.gateway import app as gateway_app
+from llm_watchdog.gateway.config import ENGINE_SLOTS_AUTO
+from tests.helpers.streamserver import StreamServer
+
+
+def props(slots: int) -> dict[str, tuple[int, bytes]]:
+    body = {"build_info": "b1-test", "total_slots": slots, "model_path": "m.gguf"}
+    return {"/props": (200, json.dumps(body).encode())}
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ask every 0.1 s, so a test sees a change of the engine within a second."""
+    monkeypatch.setattr(gateway_app, "SLOTS_ASK_UNTIL_KNOWN_S", 0.1)
+    monkeypatch.setattr(gateway_app, "SLOTS_ASK_KNOWN_S", 0.1)
+
+
+@pytest.fixture
+def engine() -> Iterator[StreamServer]:
+    with StreamServer(engine="llamacpp", static=props(16)) as srv:
+        yield srv
+
+
+def gateway_in_front(srv: StreamServer, **changes: Any) -> GatewayServer:
+    settings: dict[str, Any] = {
+        "upstream_url": srv.url,
+        "listen_port": 0,
+        "batch_default_allowance": 32,
+        "batch_ceiling": 64,
+        "batch_ramp_per_s": 0,
+        "engine_slots": ENGINE_SLOTS_AUTO,
+        **changes,
+    }
+    config = GatewayConfig(**settings)
+    return GatewayServer(config).start()
+
+
+def batch_state(gw: GatewayServer) -> dict[str, Any]:
+    state: dict[str, Any] = httpx.get(f"{gw.url}/control", timeout=5).json()
+    return dict(state["classes"]["batch"])
+
+
+def wait_for(gw: GatewayServer, key: str, value: object, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while batch_state(gw)[key] != value:
+        assert time.monotonic() < deadline, f"{key} is {batch_state(gw)[key]}, not {value}"
+        time.sleep(0.05)
+
+
+def test_the_gateway_draws_its_slot_line_from_what_llama_cpp_says(engine: StreamServer) -> None:
+    gw = gateway_in_front(engine)
+    try:
+        wait_for(gw, "engine_slots", 16)
+        state = batch_state(gw)
+        assert state["slot_line"] == 14  # 16 less min(4, 16/8)
+        assert "/props" in {r.path for r in engine.requests}
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
+        assert 'llm_watchdog_gateway_slot_line{class="batch"} 14.0' in metrics
+    finally:
+        gw.stop()
+
+
+def test_the_line_follows_an_engine_restarted_with_other_slots(
+    engine: StreamServer, quick: None
+) -> None:
+    gw = gateway_in_front(engine)
+    try:
+        wait_for(gw, "slot_line", 14)
+        engine.set(static=props(8))  # restarted with --parallel 8
+        wait_for(gw, "slot_line", 7)
+        assert batch_state(gw)["engine_slots"] == 8
+    finally:
+        gw.stop()
+
+
+def test_an_engine_that_does_not_say_holds_no_line_until_it_does(quick: None) -> None:
+    with StreamServer(engine="vllm") as srv:
+        gw = gateway_in_front(srv)
+        try:
+            deadline = time.monotonic() + 1.0
+            while not any(r.path == "/version" for r in srv.requests):
+                assert time.monotonic() < deadline, "the engine was never asked"
+                time.sleep(0.05)
+            state = batch_state(gw)
+            assert state["engine_slots"] is None and state["slot_line"] is None
+            # The same port now answers as llama.cpp does: the line appears.
+            srv.set(engine="llamacpp", static=props(32))
+            wait_for(gw, "slot_line", 28)
+        finally:
+            gw.stop()
+
+
+def test_given_slots_are_kept_and_the_engine_is_not_asked(engine: StreamServer) -> None:
+    gw = gateway_in_front(engine, engine_slots=24)
+    try:
+        time.sleep(0.3)
+        state = batch_state(gw)
+        assert (state["engine_slots"], state["slot_line"]) == (24, 21)  # 24 less min(4, 24/8)
+        assert "/props" not in {r.path for r in engine.requests}
+    finally:
+        gw.stop()
