@@ -2,7 +2,8 @@
 
 A fake engine on 127.0.0.1 answers llama.cpp's /props (`total_slots`) or vLLM's /version
 (which says no slot count); the gateway in front of it reads the slots while it runs and
-draws its slot line from them, and GET /control says what it holds.
+draws its slot line from them, and GET /control says what it holds. A vLLM-like engine in
+a process of its own has its slots read from its command line.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def engine() -> Iterator[StreamServer]:
         yield srv
 
 
-def gateway_in_front(srv: StreamServer, **changes: Any) -> GatewayServer:
+def gateway_in_front(url: str, **changes: Any) -> GatewayServer:
     settings: dict[str, Any] = {
-        "upstream_url": srv.url,
+        "upstream_url": url,
         "listen_port": 0,
         "batch_default_allowance": 32,
         "batch_ceiling": 64,
@@ -66,7 +67,7 @@ def wait_for(gw: GatewayServer, key: str, value: object, within_s: float = 5.0) 
 
 
 def test_the_gateway_draws_its_slot_line_from_what_llama_cpp_says(engine: StreamServer) -> None:
-    gw = gateway_in_front(engine)
+    gw = gateway_in_front(engine.url)
     try:
         wait_for(gw, "engine_slots", 16)
         state = batch_state(gw)
@@ -81,7 +82,7 @@ def test_the_gateway_draws_its_slot_line_from_what_llama_cpp_says(engine: Stream
 def test_the_line_follows_an_engine_restarted_with_other_slots(
     engine: StreamServer, quick: None
 ) -> None:
-    gw = gateway_in_front(engine)
+    gw = gateway_in_front(engine.url)
     try:
         wait_for(gw, "slot_line", 14)
         engine.set(static=props(8))  # restarted with --parallel 8
@@ -93,7 +94,7 @@ def test_the_line_follows_an_engine_restarted_with_other_slots(
 
 def test_an_engine_that_does_not_say_holds_no_line_until_it_does(quick: None) -> None:
     with StreamServer(engine="vllm") as srv:
-        gw = gateway_in_front(srv)
+        gw = gateway_in_front(srv.url)
         try:
             deadline = time.monotonic() + 1.0
             while not any(r.path == "/version" for r in srv.requests):
@@ -109,7 +110,7 @@ def test_an_engine_that_does_not_say_holds_no_line_until_it_does(quick: None) ->
 
 
 def test_given_slots_are_kept_and_the_engine_is_not_asked(engine: StreamServer) -> None:
-    gw = gateway_in_front(engine, engine_slots=24)
+    gw = gateway_in_front(engine.url, engine_slots=24)
     try:
         time.sleep(0.3)
         state = batch_state(gw)
@@ -117,3 +118,54 @@ def test_given_slots_are_kept_and_the_engine_is_not_asked(engine: StreamServer) 
         assert "/props" not in {r.path for r in engine.requests}
     finally:
         gw.stop()
+
+
+# A vLLM-like engine in its own process, launched with --max-num-seqs 24 on its command line:
+# vLLM does not publish its slots, so the gateway reads them from the process (/proc).
+VLLM_LIKE = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        docs = {"/v1/models": {"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]},
+                "/version": {"version": "0.9.0"}}
+        body = json.dumps(docs.get(self.path, {})).encode()
+        self.send_response(200 if self.path in docs else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+server = HTTPServer(("127.0.0.1", 0), H)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_vllm_slots_are_read_from_its_launch_command() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VLLM_LIKE, "serve", "m", "--max-num-seqs", "24"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        gw = gateway_in_front(f"http://127.0.0.1:{port}")
+        try:
+            wait_for(gw, "engine_slots", 24)
+            assert batch_state(gw)["slot_line"] == 21  # 24 less min(4, 24/8)
+        finally:
+            gw.stop()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -14,6 +14,7 @@ from llm_watchdog.probe.engine import (
     engine_slots,
     models_url,
     resolve_model,
+    slots_from_launch,
 )
 from tests.helpers.streamserver import StreamServer, closed_port_url, unanswering_port
 
@@ -177,3 +178,25 @@ def test_resolve_model_errors_are_one_line() -> None:
         f"cannot pick a model automatically: {srv.url}/v1/models lists no model; "
         "set the model name explicitly"
     )
+
+
+@pytest.mark.parametrize(
+    ("engine", "command", "slots"),
+    [
+        ("vllm", "vllm serve m --max-num-seqs 64 --port 8000", 64),
+        ("vllm", "python -m vllm.entrypoints.openai.api_server --max-num-seqs=32", 32),
+        ("vllm", "vllm serve m --max_num_seqs 16", 16),
+        ("vllm", "vllm serve m --max-num-seqs 8 --max-num-seqs 12", 12),  # the last wins
+        ("vllm", "vllm serve m", None),  # its default is not guessed
+        ("vllm", "vllm serve m --max-num-seqs lots", None),
+        ("vllm", "vllm serve m --max-num-seqs", None),
+        ("llamacpp", "llama-server -m m.gguf -np 8", 8),
+        ("llamacpp", "llama-server -m m.gguf --parallel 4", 4),
+        ("sglang", "python -m sglang.launch_server --max-running-requests 48", 48),
+        ("ollama", "ollama serve", None),
+        ("vllm", None, None),
+        ("vllm", "vllm serve 'unbalanced --max-num-seqs 9", 9),
+    ],
+)
+def test_slots_from_launch(engine: str, command: str | None, slots: int | None) -> None:
+    assert slots_from_launch(engine, command) == slots

@@ -36,7 +36,13 @@ from llm_watchdog.gateway.config import (
 from llm_watchdog.gateway.observe import Observer, metrics_registry
 from llm_watchdog.gateway.proxy import Proxy, is_own_path, retry_after_from
 from llm_watchdog.gateway.upstream import Upstream
-from llm_watchdog.probe.engine import UNREACHABLE, detect_engine, engine_slots
+from llm_watchdog.probe.engine import (
+    UNKNOWN,
+    UNREACHABLE,
+    detect_engine,
+    engine_slots,
+    slots_from_launch,
+)
 
 log = logging.getLogger("llm_watchdog.gateway")
 
@@ -64,6 +70,8 @@ class Gateway:
         self.engine_slots = max(config.engine_slots, 0)
         holds_line = config.engine_slots != 0
         self._slots_task: asyncio.Task[None] | None = None
+        # The engine's systemd unit, where its command line is read when its process cannot.
+        self.engine_unit = ""
         self.gates = {
             CHAT: ClassGate(CHAT, None, None, 0, clock),
             BATCH: ClassGate(
@@ -110,14 +118,22 @@ class Gateway:
 
     async def _ask_engine_slots(self) -> None:
         """Keep `engine_slots` to what the engine says (llama.cpp's /props, SGLang's
-        /get_server_info); an engine that does not say, or does not answer, leaves the last."""
+        /get_server_info), else to what its launch command sets (vLLM's --max-num-seqs, read
+        from its process or its systemd unit); an engine that says neither, or does not
+        answer, leaves the last."""
         while True:
             info = await asyncio.to_thread(
                 detect_engine, self.config.upstream_url, timeout_s=SLOTS_ASK_TIMEOUT_S
             )
-            said = engine_slots(info)
+            said, why = engine_slots(info), f"{info.engine} says so"
+            if said is None and info.engine not in (UNREACHABLE, UNKNOWN):
+                ident = await asyncio.to_thread(
+                    control.upstream_identity, self.config.upstream_url, self.engine_unit
+                )
+                said = slots_from_launch(info.engine, ident.get("launch_command"))
+                why = f"{info.engine}'s launch command sets it"
             if said is not None and said != self.engine_slots:
-                self.set_engine_slots(said, f"{info.engine} says so")
+                self.set_engine_slots(said, why)
             # An engine that answered has said what it will say: ask it again only as often
             # as a restart with another --parallel needs.
             answered = info.engine != UNREACHABLE

@@ -182,6 +182,7 @@ def serve(
     app = create_app(config)
     app.state.engine_unit = engine_unit
     gateway: Gateway = app.state.gateway
+    gateway.engine_unit = engine_unit
 
     def started() -> None:
         if on_listening is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shlex
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,36 @@ def engine_slots(info: EngineInfo) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
+
+
+# The launch flag that sets the slots, per engine, where the engine does not publish them.
+SLOT_FLAGS = {
+    "vllm": ("--max-num-seqs", "--max_num_seqs"),
+    "llamacpp": ("--parallel", "-np"),
+    "sglang": ("--max-running-requests", "--max_running_requests"),
+}
+
+
+def slots_from_launch(engine: str, command: str | None) -> int | None:
+    """Sequences the engine runs at once as its launch command sets them (None: the command
+    is not known or sets none; the engine's own default is not guessed)."""
+    names = SLOT_FLAGS.get(engine)
+    if not names or not command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    found: int | None = None
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if flag not in names:
+            continue
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if value.isdigit() and int(value) > 0:
+            found = int(value)  # the last one given wins, as argparse has it
+    return found
 
 
 def api_root(base_url: str) -> str:
