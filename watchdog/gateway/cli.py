@@ -209,8 +209,8 @@ def _env_name(param_name: str) -> str:
     show_default=True,
     help="Sequences the engine runs at once (max_num_seqs, --parallel): batch is let in "
     "only while batch + chat in flight stay under them less min(4, slots/8). auto: as "
-    "llama.cpp's /props or SGLang's /get_server_info say (no line where the engine does "
-    "not say: vLLM, Ollama, TGI); 0: off.",
+    "llama.cpp's /props or SGLang's /get_server_info say, else the engine's command line "
+    "(vLLM's --max-num-seqs; see --engine-unit); no line where neither says. 0: off.",
 )
 @click.option("--priority", "priorities", multiple=True, metavar="CLASS=N", help="Inject priority.")
 @click.option("--priority-higher-first", is_flag=True, help="Engine runs higher values first.")
@@ -277,7 +277,7 @@ def _env_name(param_name: str) -> str:
     default="",
     metavar="UNIT",
     help="The engine's systemd unit: its ExecStart is the launch command /control/identity "
-    "reports where the engine's process cannot be read.",
+    "reports, and --engine-slots auto reads, where the engine's process cannot be read.",
 )
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
