@@ -169,3 +169,26 @@ def test_vllm_slots_are_read_from_its_launch_command() -> None:
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_a_read_that_fails_outright_is_tried_again(
+    quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first read of the engine's command line raises; the next gives it (as a systemd
+    # unit's ExecStart would, for an engine run by another user).
+    calls: list[str] = []
+
+    def identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any]:
+        calls.append(engine_unit)
+        if len(calls) == 1:
+            raise OSError("/proc went away")
+        return {"launch_command": "vllm serve m --max-num-seqs 40", "engine": "vllm"}
+
+    monkeypatch.setattr(gateway_app.control, "upstream_identity", identity)
+    with StreamServer(engine="vllm") as srv:
+        gw = gateway_in_front(srv.url)
+        try:
+            wait_for(gw, "slot_line", 36)  # 40 less min(4, 40/8)
+        finally:
+            gw.stop()
+    assert len(calls) >= 2

@@ -122,24 +122,32 @@ class Gateway:
         from its process or its systemd unit); an engine that says neither, or does not
         answer, leaves the last."""
         while True:
-            info = await asyncio.to_thread(
-                detect_engine, self.config.upstream_url, timeout_s=SLOTS_ASK_TIMEOUT_S
-            )
-            said, why = engine_slots(info), f"{info.engine} says so"
-            if said is None and info.engine not in (UNREACHABLE, UNKNOWN):
-                ident = await asyncio.to_thread(
-                    control.upstream_identity, self.config.upstream_url, self.engine_unit
-                )
-                said = slots_from_launch(info.engine, ident.get("launch_command"))
-                why = f"{info.engine}'s launch command sets it"
-            if said is not None and said != self.engine_slots:
-                self.set_engine_slots(said, why)
+            try:
+                answered = await self._ask_engine_slots_once()
+            except Exception as exc:  # one bad read must not end the asking for good
+                log.warning("engine slots not read this time: %s", exc)
+                answered = False
             # An engine that answered has said what it will say: ask it again only as often
             # as a restart with another --parallel needs.
-            answered = info.engine != UNREACHABLE
             await asyncio.sleep(
                 SLOTS_ASK_KNOWN_S if self.engine_slots or answered else SLOTS_ASK_UNTIL_KNOWN_S
             )
+
+    async def _ask_engine_slots_once(self) -> bool:
+        """One round of `_ask_engine_slots`; whether the engine answered at all."""
+        info = await asyncio.to_thread(
+            detect_engine, self.config.upstream_url, timeout_s=SLOTS_ASK_TIMEOUT_S
+        )
+        said, why = engine_slots(info), f"{info.engine} says so"
+        if said is None and info.engine not in (UNREACHABLE, UNKNOWN):
+            ident = await asyncio.to_thread(
+                control.upstream_identity, self.config.upstream_url, self.engine_unit
+            )
+            said = slots_from_launch(info.engine, ident.get("launch_command"))
+            why = f"{info.engine}'s launch command sets it"
+        if said is not None and said != self.engine_slots:
+            self.set_engine_slots(said, why)
+        return info.engine != UNREACHABLE
 
     def set_engine_slots(self, slots: int, why: str) -> None:
         was, self.engine_slots = self.slot_line, slots
