@@ -178,13 +178,13 @@ def test_a_read_that_fails_outright_is_tried_again(
     # unit's ExecStart would, for an engine run by another user).
     calls: list[str] = []
 
-    def identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any]:
+    def launch(upstream_url: str, engine_unit: str = "") -> tuple[list[str], str, None]:
         calls.append(engine_unit)
         if len(calls) == 1:
             raise OSError("/proc went away")
-        return {"launch_command": "vllm serve m --max-num-seqs 40", "engine": "vllm"}
+        return ["vllm", "serve", "m", "--max-num-seqs", "40"], "systemd unit vllm.service", None
 
-    monkeypatch.setattr(gateway_app.control, "upstream_identity", identity)
+    monkeypatch.setattr(gateway_app.control, "upstream_launch", launch)
     with StreamServer(engine="vllm") as srv:
         gw = gateway_in_front(srv.url)
         try:

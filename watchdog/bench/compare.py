@@ -10,11 +10,11 @@ first: a faster setup that changes answers is a different system, not a faster o
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_watchdog.bench.stats import percentile_difference, verdict
+from llm_watchdog.probe.fingerprint import flags
 
 FIELDS = (
     ("engine", "engine"),
@@ -32,44 +32,6 @@ MIN_PROBES = 50
 # Words of a launch command that say where it listens, not how it runs: two launches on
 # different ports are the same setup.
 ADDRESS_FLAGS = ("--port", "--host", "-p")
-
-
-def flags(command: str) -> dict[str, str]:
-    """A launch command as {flag: value}: `--parallel 4` and `--parallel=4` are
-    {"--parallel": "4"}; a flag without a value is "" ; other words are keyed by position
-    ("arg0" the program, then "arg1", ...)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    out: dict[str, str] = {}
-    i, pos = 0, 0
-    while i < len(words):
-        w = words[i]
-        if w.startswith("-") and len(w) > 1 and not _number(w):
-            if "=" in w and w.startswith("--"):
-                key, value = w.split("=", 1)
-                out[key] = value
-            elif i + 1 < len(words) and not (
-                words[i + 1].startswith("-") and not _number(words[i + 1])
-            ):
-                out[w] = words[i + 1]
-                i += 1
-            else:
-                out[w] = ""
-        else:
-            out[f"arg{pos}"] = w
-            pos += 1
-        i += 1
-    return out
-
-
-def _number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import logging
 import math
+import shlex
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -140,10 +141,10 @@ class Gateway:
         )
         said, why = engine_slots(info), f"{info.engine} says so"
         if said is None and info.engine not in (UNREACHABLE, UNKNOWN):
-            ident = await asyncio.to_thread(
-                control.upstream_identity, self.config.upstream_url, self.engine_unit
+            argv, _, _ = await asyncio.to_thread(
+                control.upstream_launch, self.config.upstream_url, self.engine_unit
             )
-            said = slots_from_launch(info.engine, ident.get("launch_command"))
+            said = slots_from_launch(info.engine, shlex.join(argv) if argv else None)
             why = f"{info.engine}'s launch command sets it"
         if said is not None and said != self.engine_slots:
             self.set_engine_slots(said, why)

@@ -197,29 +197,36 @@ async def get_observed(request: Request) -> Response:
     )
 
 
+def upstream_launch(
+    upstream_url: str, engine_unit: str = ""
+) -> tuple[list[str] | None, str, int | None]:
+    """The upstream engine's command line, where it was read (or why not), and the pid that
+    listens on its port (None unless on this machine); blocking: /proc, systemctl."""
+    from llm_watchdog.probe.procinfo import launch_command, listening_pid
+
+    parts = urlsplit(upstream_url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    host = parts.hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        where = "127.0.0.1" if host == "localhost" else host
+        argv, source = launch_command(port, where, engine_unit=engine_unit)
+        # The daemon behind the gateway finds the engine's GPUs by this process's tree: the
+        # port it probes is the gateway's own.
+        return argv, source, listening_pid(port, where) if port is not None else None
+    if engine_unit:
+        argv, source = launch_command(None, host, engine_unit=engine_unit)
+        return argv, source, None
+    return None, f"unreadable: the upstream {host} is not on this machine", None
+
+
 def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any]:
     """What serves behind the gateway, read now (blocking: HTTP to the engine, /proc)."""
     # Imported here: the identity is read rarely, and the hot path need not load the probe.
     from llm_watchdog.probe.engine import detect_engine
     from llm_watchdog.probe.fingerprint import redact_command
-    from llm_watchdog.probe.procinfo import launch_command, listening_pid
 
     info = detect_engine(upstream_url)
-    parts = urlsplit(upstream_url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    host = parts.hostname or ""
-    local = host in ("127.0.0.1", "localhost", "::1")
-    pid = None
-    if local:
-        where = "127.0.0.1" if host == "localhost" else host
-        argv, source = launch_command(port, where, engine_unit=engine_unit)
-        # The daemon behind the gateway finds the engine's GPUs by this process's tree: the
-        # port it probes is the gateway's own.
-        pid = listening_pid(port, where) if port is not None else None
-    elif engine_unit:
-        argv, source = launch_command(None, host, engine_unit=engine_unit)
-    else:
-        argv, source = None, f"unreadable: the upstream {host} is not on this machine"
+    argv, source, pid = upstream_launch(upstream_url, engine_unit)
     return {
         "gateway": "llm-watchdog",
         "upstream": upstream_url,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shlex
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 
 from llm_watchdog.errors import EngineError
+from llm_watchdog.probe.fingerprint import flags
 
 UNREACHABLE = "unreachable"
 UNKNOWN = "unknown"
@@ -76,23 +76,11 @@ SLOT_FLAGS = {
 def slots_from_launch(engine: str, command: str | None) -> int | None:
     """Sequences the engine runs at once as its launch command sets them (None: the command
     is not known or sets none; the engine's own default is not guessed)."""
-    names = SLOT_FLAGS.get(engine)
-    if not names or not command:
+    if not command:
         return None
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    found: int | None = None
-    for i, word in enumerate(words):
-        flag, eq, value = word.partition("=")
-        if flag not in names:
-            continue
-        if not eq:
-            value = words[i + 1] if i + 1 < len(words) else ""
-        if value.isdigit() and int(value) > 0:
-            found = int(value)  # the last one given wins, as argparse has it
-    return found
+    given = flags(command)
+    value = next((given[name] for name in SLOT_FLAGS.get(engine, ()) if name in given), "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def api_root(base_url: str) -> str:
