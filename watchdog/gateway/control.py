@@ -246,8 +246,7 @@ async def read_identity(app_state: Any, gw: Gateway) -> dict[str, Any]:
     cached = getattr(app_state, "identity_cache", None)
     now = time.monotonic()
     if cached is None or now - cached[0] > IDENTITY_TTL_S:
-        unit = getattr(app_state, "engine_unit", "") or ""
-        ident = await asyncio.to_thread(upstream_identity, gw.config.upstream_url, unit)
+        ident = await asyncio.to_thread(upstream_identity, gw.config.upstream_url, gw.engine_unit)
         cached = (now, ident)
         app_state.identity_cache = cached
         gw.observer.engine = str(ident.get("engine") or "unknown")

@@ -180,7 +180,6 @@ def serve(
     sock = bind_socket(config.listen_host, config.listen_port)
     url = url_for(config.listen_host, sock.getsockname()[1])
     app = create_app(config)
-    app.state.engine_unit = engine_unit
     gateway: Gateway = app.state.gateway
     gateway.engine_unit = engine_unit
 
