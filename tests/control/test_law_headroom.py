@@ -69,10 +69,15 @@ def test_arrivals_up_under_a_thermal_slowdown_are_read_as_heat() -> None:
     assert arrivals_up(HOT).allowance == 12
 
 
+def learned(c: AllowanceController, cap: int, hot: bool, ratio: float, now: float) -> None:
+    """A surge cap as a surge that ended at `now` teaches it."""
+    c.surge_cap, c.surge_cap_heat, c.last_surge_s = cap, (hot, ratio), now
+
+
 def test_a_surge_cap_learned_hot_is_retested_once_the_card_is_cooler() -> None:
-    c = ours(surge_cap_retest_s=600.0)
-    c.surge_cap = 2
-    c.surge_cap_heat = (True, 0.8)
+    # Surges keep coming (the quiet retest is off): the cooler card alone retests the cap.
+    c = ours(surge_cap_retest_s=600.0, surge_cap_quiet_retest=False)
+    learned(c, 2, True, 0.8, 0.0)
     now = 0.0
     for _ in range(50):  # 500 s cooler: not yet
         c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=2))
@@ -86,8 +91,7 @@ def test_a_surge_cap_learned_hot_is_retested_once_the_card_is_cooler() -> None:
 
 def test_a_surge_cap_learned_hot_holds_growth_only_while_the_card_is_hot() -> None:
     c = ours(default_allowance=2, app_limited_headroom=0, surge_cap_retest_s=3600.0)
-    c.surge_cap = 2
-    c.surge_cap_heat = (True, 0.3)  # missed under a slowdown bit, at 0.3 of the clock
+    learned(c, 2, True, 0.3, 0.0)  # missed under a slowdown bit, at 0.3 of the clock
     now, a = 0.0, None
     for _ in range(30):  # hot again, chat fast: held at the cap
         a = c.step(ControlInput(now, (200.0,) * 3, gpu=HOT, batch_inflight=2, batch_queued=10))
@@ -100,11 +104,56 @@ def test_a_surge_cap_learned_hot_holds_growth_only_while_the_card_is_hot() -> No
     assert a.allowance_after > 2 and c.surge_cap == 2
     # A cap learned on a cool card holds on a cool card.
     c = ours(default_allowance=2, app_limited_headroom=0, surge_cap_retest_s=3600.0)
-    c.surge_cap, c.surge_cap_heat = 2, (False, 1.0)
+    learned(c, 2, False, 1.0, now)
     for _ in range(30):
         a = c.step(ControlInput(now, (200.0,) * 3, gpu=COOL, batch_inflight=2, batch_queued=10))
         now += 10.0
     assert a.allowance_after == 2
+
+
+def surge_missed(**changes: object) -> tuple[AllowanceController, float]:
+    """Three minutes of 3 chat arrivals per 5 s at 12 batch in flight, then 30 s of 8 per 5 s
+    answered in 2.5 s (missed), then chat as before until the surge has ended."""
+    c = ours(default_allowance=12, ceiling=12, surge_confirm=1, app_limited_headroom=0, **changes)
+    now = 0.0
+    for k in range(48):
+        n, ttft = (8, 2500.0) if 36 <= k < 42 else (3, 300.0)
+        c.step(ControlInput(now, (ttft,) * n, gpu=COOL, batch_inflight=12, chat_arrivals=n))
+        now += 5.0
+    return c, now
+
+
+def quiet_for(c: AllowanceController, now: float, seconds: float) -> float:
+    """Chat as usual and fast, the batch job asking for more: growth stops only at a cap."""
+    end = now + seconds
+    while now < end:
+        c.step(
+            ControlInput(
+                now,
+                (300.0,) * 3,
+                gpu=COOL,
+                batch_inflight=c.allowance,
+                batch_queued=10,
+                chat_arrivals=3,
+            )
+        )
+        now += 5.0
+    return now
+
+
+def test_a_surge_cap_is_retested_once_no_surge_has_come_for_as_long() -> None:
+    c, now = surge_missed(surge_cap_retest_s=600.0)
+    assert c.surge_cap == 6  # ⌊0.5 × 12⌋: learned on a cool card
+    now = quiet_for(c, now, 500.0)
+    assert c.surge_cap == 6 and c.allowance == 6  # held there while surges may still come
+    now = quiet_for(c, now, 150.0)
+    assert c.surge_cap is None  # ten minutes with no surge: the load it was learned in is gone
+    quiet_for(c, now, 120.0)
+    assert c.allowance > 6
+    # Without the rule the cap learned on a cool card holds on it for good.
+    c, now = surge_missed(surge_cap_retest_s=600.0, surge_cap_quiet_retest=False)
+    quiet_for(c, now, 1800.0)
+    assert c.surge_cap == 6 and c.allowance == 6
 
 
 def history() -> list[Observation]:
@@ -291,7 +340,7 @@ def test_a_card_hovering_at_its_slowdown_temperature_is_cut_ahead_once_not_at_ev
 def surge_then_calm(**changes: object) -> AllowanceController:
     """Two and a half minutes of 3 fast chat answers per 5 s, then a surge of 9 per 5 s, slow
     ones, for 30 s, then 3 fast per 5 s again for two minutes: the map's samples."""
-    c = ours(default_allowance=12, surge_confirm=1, app_limited_headroom=0, **changes)
+    c = ours(default_allowance=12, ceiling=12, surge_confirm=1, app_limited_headroom=0, **changes)
     now = 0.0
     for k in range(30 + 6 + 24):
         n, ms = (9, 2500.0) if 30 <= k < 36 else (3, 300.0)

@@ -41,7 +41,9 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   `window_s`, the minute the SLO loses or keeps) teaches a ceiling: a surge missed from
   level L caps growth at `surge_backoff`·L; one as large, met from the cap with room to
   spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉); a cap learned
-  under a thermal slowdown bit holds only while a bit is set (`surge_cap_hot_only`). Surges are
+  under a thermal slowdown bit holds only while a bit is set (`surge_cap_hot_only`); a cap
+  goes once the card has been cooler than when it was learned, or no surge has come, for
+  `surge_cap_retest_s` (`surge_cap_quiet_retest`), and the next surge judges anew. Surges are
   counted from chat *arrivals* when the serving layer reports them
   (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
   behind itself.
@@ -168,6 +170,9 @@ class ControlConfig:
     # A surge cap learned under a thermal slowdown bit holds growth only while a bit is set: a
     # surge missed on a card at a third of its clock says nothing of the card once it is cool.
     surge_cap_hot_only: bool = True
+    # A surge cap also goes once no surge has come for `surge_cap_retest_s`: the load it was
+    # learned in is gone too, and a cap met by no surge holds growth on a quiet card for hours.
+    surge_cap_quiet_retest: bool = True
     headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
     headroom_dwell_s: float = 10.0  # a thermal state counts once it has held this long
     headroom_memory_s: float = 4 * 3600.0  # samples the map is learned from
@@ -252,6 +257,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         surge_heat_factor=1.0,
         surge_cap_retest_s=0.0,
         surge_cap_hot_only=False,
+        surge_cap_quiet_retest=False,
         headroom=False,
         heat_eta_s=0.0,
     )
@@ -540,14 +546,14 @@ class AllowanceController:
         self.last_now_s = inp.now_s
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
-        self._retest_surge_cap(inp, heat_now)
-        if surge and c.map_skip_surges:
-            if inp.now_s - self.last_surge_s >= c.window_s:
+        if surge:
+            if c.map_skip_surges and inp.now_s - self.last_surge_s >= c.window_s:
                 # Newly seen: the answers of the seconds the detector took to see it are the
                 # surge's too.
                 while self.map_samples and self.map_samples[-1][0] >= inp.now_s - c.surge_window_s:
                     self.map_samples.pop()
             self.last_surge_s = inp.now_s
+        self._retest_surge_cap(inp, heat_now)
         learn = not (c.map_skip_surges and inp.now_s - self.last_surge_s < c.window_s)
         moved = self._map_observe(inp, values if learn else [])
         map_cut: StateRow | None = None
@@ -772,9 +778,17 @@ class AllowanceController:
 
     def _retest_surge_cap(self, inp: ControlInput, heat_now: bool) -> None:
         """Drop a learned surge cap once the card has been cooler than when it was learned
-        for `surge_cap_retest_s`: the next surge then judges it anew."""
+        for `surge_cap_retest_s`, or no surge has come for as long: the next surge then
+        judges it anew."""
         c = self.config
-        if self.surge_cap is None or self.surge_cap_heat is None or c.surge_cap_retest_s <= 0:
+        if self.surge_cap is None or c.surge_cap_retest_s <= 0:
+            return
+        # A cap is learned, or raised, as a surge ends: the last surge seen is at least as
+        # recent as the cap.
+        if c.surge_cap_quiet_retest and inp.now_s - self.last_surge_s >= c.surge_cap_retest_s:
+            self._drop_surge_cap()
+            return
+        if self.surge_cap_heat is None:
             return
         was_hot, was_ratio = self.surge_cap_heat
         ratio = None if inp.gpu is None else inp.gpu.clock_ratio
@@ -787,9 +801,12 @@ class AllowanceController:
         if self.surge_cap_gone_since is None:
             self.surge_cap_gone_since = inp.now_s
         elif inp.now_s - self.surge_cap_gone_since >= c.surge_cap_retest_s:
-            self.surge_cap = None
-            self.surge_cap_heat = None
-            self.surge_cap_gone_since = None
+            self._drop_surge_cap()
+
+    def _drop_surge_cap(self) -> None:
+        self.surge_cap = None
+        self.surge_cap_heat = None
+        self.surge_cap_gone_since = None
 
     def _map_observe(self, inp: ControlInput, values: list[float]) -> tuple[str, str] | None:
         """Keep the map's samples; return (from, to) when the thermal state has moved."""
