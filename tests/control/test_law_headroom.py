@@ -36,6 +36,26 @@ def test_growth_never_passes_the_batch_jobs_demand() -> None:
     assert "the batch job's demand 5" in a.reason
 
 
+def first_grow(level: int, **changes: object) -> int:
+    """A job that fills its allowance, asks for 30 more, and chat fast: the first grow."""
+    c = ours(default_allowance=level, ceiling=128, **changes)
+    now = 0.0
+    for _ in range(20):
+        a = c.step(ControlInput(now, (200.0,) * 5, batch_inflight=level, batch_queued=30))
+        if a.kind == "grow":
+            return a.allowance_after
+        now += 5.0
+    raise AssertionError("no grow")
+
+
+def test_growth_over_what_is_in_flight_scales_with_it() -> None:
+    # A tenth of what runs, at least 2: one step on a small engine and on a large one alike.
+    assert first_grow(10) == 12
+    assert first_grow(40) == 44
+    assert first_grow(96) == 106
+    assert first_grow(40, app_limited_fraction=0.0) == 42
+
+
 def test_the_growth_budget_holds_changes_per_hour() -> None:
     c = ours(default_allowance=1, app_limited_headroom=0, ceiling=64, max_grows_per_h=5)
     now = 0.0

@@ -48,10 +48,10 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
   behind itself.
 - `app_limited_headroom`: never grow more than this above what the batch job has in flight
-  (Gradient2's "don't grow the limit if we are app limited"): an allowance nobody uses buys
-  nothing, and lets a sudden batch burst swamp chat at once. It also paces growth: every
-  request admitted starts with a long prefill, and many admitted at once prefill together
-  and stall chat for seconds.
+  (Gradient2's "don't grow the limit if we are app limited"), or `app_limited_fraction` of
+  it where that is more: an allowance nobody uses buys nothing, and lets a sudden batch
+  burst swamp chat at once. It also paces growth: every request admitted starts with a long
+  prefill, and many admitted at once prefill together and stall chat for seconds.
 - `cut_from_running`: a cut (proportional or halving) is taken from what runs,
   min(allowance, batch in flight): an allowance above the batch requests in flight is room
   nobody uses, and a cut of that room alone changes nothing for chat.
@@ -148,6 +148,9 @@ class ControlConfig:
     surge_confirm: int = 3  # steps in a row that must see the surge
     surge_backoff: float = 0.5
     app_limited_headroom: int = 2  # 0: off
+    # ... or this share of what is in flight, if more: +2 is a growth step on a small engine
+    # and 2 % of one that runs 96, where a job filling its allowance climbs in 46 writes.
+    app_limited_fraction: float = 0.1
     # The map learns from chat at its usual rate: answers from a surge, and from the window
     # after it while its queue drains, tell of the load, not of the card's thermal state.
     map_skip_surges: bool = True
@@ -748,7 +751,10 @@ class AllowanceController:
                     f"p95≈{est:.0f} ms low, {len(self.grow_times)} grows this hour",
                 )
         if c.app_limited_headroom > 0 and inp.batch_inflight is not None:
-            used = inp.batch_inflight + c.app_limited_headroom
+            room = max(
+                c.app_limited_headroom, math.ceil(c.app_limited_fraction * inp.batch_inflight)
+            )
+            used = inp.batch_inflight + room
             if used < limit:
                 limit, why_limit = used, f"in-flight {inp.batch_inflight} + headroom"
         after = min(level + step, limit)
