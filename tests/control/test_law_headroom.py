@@ -360,7 +360,7 @@ def test_a_card_hovering_at_its_slowdown_temperature_is_cut_ahead_once_not_at_ev
 def surge_then_calm(**changes: object) -> AllowanceController:
     """Two and a half minutes of 3 fast chat answers per 5 s, then a surge of 9 per 5 s, slow
     ones, for 30 s, then 3 fast per 5 s again for two minutes: the map's samples."""
-    c = ours(default_allowance=12, ceiling=12, surge_confirm=1, app_limited_headroom=0, **changes)
+    c = ours(default_allowance=12, surge_confirm=1, app_limited_headroom=0, **changes)
     now = 0.0
     for k in range(30 + 6 + 24):
         n, ms = (9, 2500.0) if 30 <= k < 36 else (3, 300.0)
