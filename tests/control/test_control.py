@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import sqlite_utils
@@ -408,9 +409,7 @@ def test_a_surge_shed_comes_back_step_by_step_while_the_card_is_in_thermal_slowd
     gateway pre-empting: 3 -> 16 at 84 °C, then missed windows)."""
 
     def first_raise(gpu_after: GpuState | None) -> tuple[int, int]:
-        c = ours(
-            default_allowance=12, app_limited_headroom=0, surge_confirm=1, serving_ramps=True
-        )
+        c = ours(default_allowance=12, app_limited_headroom=0, surge_confirm=1, serving_ramps=True)
         now, levels = 0.0, []
         for _ in range(24):
             c.step(ControlInput(now, (600.0,) * 5, chat_inflight=5))
@@ -839,3 +838,43 @@ def test_closed_loop_in_virtual_time_keeps_chat_within_target() -> None:
     kinds = {a.kind for a in ctl.actions}
     assert {"grow", "cut"} <= kinds
     assert all(a.reason.count("\n") == 0 for a in ctl.actions)
+
+
+def test_growth_stops_under_the_slots_chat_has_held_lately() -> None:
+    # With `slot_peak_s` set (it is off by default). Chat usually holds 2 of 32 slots and
+    # now and then 8: the burst reserve (32 − ⌈3 × 2⌉)
+    # would let batch grow to 26, which the slot cut (32 − 4 − 8 = 20) takes back at each
+    # peak, and growth regrows: a change every peak. Growth stops at the line instead.
+    def run(**changes: object) -> tuple[int, int, AllowanceController]:
+        c = ours(default_allowance=10, engine_slots=32, app_limited_headroom=0, **changes)
+        level, changed, cuts = 10, 0, 0
+        for now in range(0, 1800):
+            chat = 8 if now % 60 < 4 else 2  # a peak of 4 s a minute: 7 % of the time
+            a = c.step(ControlInput(float(now), (200.0,), chat_inflight=chat, batch_inflight=level))
+            if now >= 600:  # the last 20 minutes
+                changed += a.allowance_after != level
+                cuts += a.kind == "cut"
+            level = a.allowance_after
+        return changed, cuts, c
+
+    changed, cuts, c = run(slot_peak_s=600.0)
+    assert (changed, cuts) == (0, 0)
+    assert c.allowance == 20
+    assert c.step(ControlInput(1800.0, (200.0,), chat_inflight=2, batch_inflight=20)).reason == (
+        "hold 20: p95≈200 ms low, held at the engine's slots chat has held lately"
+    )
+    changed, cuts, _ = run()  # the rule off: a cut and a regrow a minute
+    assert cuts >= 15 and changed >= 30
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("slot_peak_s", -1.0, "slot_peak_s must be ≥ 0 s (0: off), got -1.0"),
+        ("slot_peak_quantile", 0.0, "slot_peak_quantile must be in (0, 1], got 0.0"),
+        ("slot_peak_quantile", 1.5, "slot_peak_quantile must be in (0, 1], got 1.5"),
+    ],
+)
+def test_the_slot_peak_settings_are_checked(field: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ControlConfig(target_p95_ms=2000.0, **{field: value})

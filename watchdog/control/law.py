@@ -166,6 +166,10 @@ class ControlConfig:
     engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
     slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8); -1: off
+    # Grow no further than slots − margin − chat's recent peak: this quantile of chat in
+    # flight over slot_peak_s (0: off; docs/control.md says what it costs in batch).
+    slot_peak_s: float = 0.0
+    slot_peak_quantile: float = 0.99
     grow_to_demand: bool = True  # never grow past batch in flight + queued (where known)
     max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
@@ -219,6 +223,11 @@ class ControlConfig:
         )
         need(self.slot_reserve >= 0, f"slot_reserve must be ≥ 0, got {self.slot_reserve}")
         need(self.slot_margin >= -1, f"slot_margin must be ≥ 0 (-1: off), got {self.slot_margin}")
+        need(self.slot_peak_s >= 0, f"slot_peak_s must be ≥ 0 s (0: off), got {self.slot_peak_s}")
+        need(
+            0 < self.slot_peak_quantile <= 1,
+            f"slot_peak_quantile must be in (0, 1], got {self.slot_peak_quantile}",
+        )
         need(self.max_grows_per_h >= 0, f"max_grows_per_h must be ≥ 0, got {self.max_grows_per_h}")
         need(self.surge_heat_factor >= 1, "surge_heat_factor must be ≥ 1")
         for name in (
@@ -253,6 +262,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         ewma_alpha=0.1,
         slot_reserve=0.0,
         slot_margin=-1,
+        slot_peak_s=0.0,
         serving_ramps=False,
         serving_slots=False,
         grow_to_demand=False,
@@ -380,6 +390,7 @@ class AllowanceController:
         self.regrow_at_once = False  # ... in one write (`serving_ramps`)
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
         self.chat_usual_s = 0.0  # ... learned over this long
+        self.chat_seen: deque[tuple[float, int]] = deque()  # (now_s, chat in flight)
         self.grow_times: deque[float] = deque()  # when each grow of the last hour was
         # The hot row a cut ahead of the heat went to: growth holds there while the card rests
         # by its slowdown temperature, or a card that hovers a degree either side of it would
@@ -583,6 +594,10 @@ class AllowanceController:
                 w = max(1.0 - math.exp(-dt / c.surge_slow_s), dt / (self.chat_usual_s + dt or 1.0))
                 self.chat_usual += w * (inp.chat_inflight - self.chat_usual)
                 self.chat_usual_s += dt
+            if c.slot_peak_s > 0:
+                self.chat_seen.append((inp.now_s, inp.chat_inflight))
+                while self.chat_seen[0][0] < inp.now_s - c.slot_peak_s:
+                    self.chat_seen.popleft()
         can_cut = inp.now_s - self.last_cut_s >= c.drain_time_s and level > c.floor
         shed_to = (
             None
@@ -735,6 +750,22 @@ class AllowanceController:
             room = c.engine_slots - math.ceil(c.slot_reserve * self.chat_usual)
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots a chat burst needs"
+        # Growth past the slot cut's line at chat's usual peaks is taken back at the next
+        # peak and regrown after it: a cut and a grow each time chat's in-flight count rises
+        # (team-arrives-long-outputs: 137 of its 197 changes an hour). Where the gateway
+        # holds the line itself, it does so without a write.
+        if (
+            c.engine_slots
+            and c.slot_margin >= 0
+            and not c.serving_slots
+            and c.slot_peak_s > 0
+            and self.chat_seen
+        ):
+            seen = sorted(n for _, n in self.chat_seen)
+            peak = seen[min(len(seen) - 1, int(c.slot_peak_quantile * len(seen)))]
+            room = c.engine_slots - min(c.slot_margin, c.engine_slots // 8) - peak
+            if room < limit:
+                limit, why_limit = max(c.floor, room), "the engine's slots chat has held lately"
         if c.grow_to_demand and inp.batch_inflight is not None and inp.batch_queued is not None:
             # Room the batch job does not ask for buys nothing and lets a burst of it in.
             demand = inp.batch_inflight + inp.batch_queued

@@ -91,6 +91,7 @@ ADDITIONS = (
     "ewma_alpha",
     "slot_reserve",
     "slot_margin",
+    "slot_peak_s",
     "serving_ramps",
     "serving_slots",
     "grow_to_demand",
