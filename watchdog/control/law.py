@@ -190,6 +190,13 @@ class ControlConfig:
     # long): no growing into it, and a cut to the map's hot row where the map knows it.
     heat_eta_s: float = 120.0  # 0: off
 
+    @property
+    def slot_line(self) -> int:
+        """The engine's slots less the margin: batch and chat in flight fit under it."""
+        # A margin of 4 slots is a rounding error on a 256-slot vLLM and half of an 8-slot
+        # llama.cpp server: no more than an eighth of the slots.
+        return self.engine_slots - min(self.slot_margin, self.engine_slots // 8)
+
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
@@ -618,13 +625,8 @@ class AllowanceController:
             if c.cut_from_running and inp.batch_inflight is not None
             else level
         )
-        # A margin of 4 slots is a rounding error on a 256-slot vLLM and half of an 8-slot
-        # llama.cpp server: no more than an eighth of the slots.
         slot_room = (
-            max(
-                c.floor,
-                c.engine_slots - min(c.slot_margin, c.engine_slots // 8) - inp.chat_inflight,
-            )
+            max(c.floor, c.slot_line - inp.chat_inflight)
             if c.engine_slots
             and c.slot_margin >= 0
             and inp.chat_inflight is not None
@@ -763,7 +765,7 @@ class AllowanceController:
         ):
             seen = sorted(n for _, n in self.chat_seen)
             peak = seen[min(len(seen) - 1, int(c.slot_peak_quantile * len(seen)))]
-            room = c.engine_slots - min(c.slot_margin, c.engine_slots // 8) - peak
+            room = c.slot_line - peak
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots chat has held lately"
         if c.grow_to_demand and inp.batch_inflight is not None and inp.batch_queued is not None:
