@@ -878,3 +878,76 @@ def test_growth_stops_under_the_slots_chat_has_held_lately() -> None:
 def test_the_slot_peak_settings_are_checked(field: str, value: float, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         ControlConfig(target_p95_ms=2000.0, **{field: value})
+
+
+def _cliff(
+    c: AllowanceController, start: float, end: float, level: int, gpu: GpuState | None = None
+) -> tuple[int, int]:
+    """Chat at 300 ms while at most 10 batch requests run, 1500 ms (over T) past that; five
+    answers a second. Returns (cuts, the allowance at the end)."""
+    cuts = 0
+    for now in range(int(start), int(end)):
+        ms = 300.0 if level <= 10 else 1500.0
+        a = c.step(inp(float(now), ms, batch_inflight=level, gpu=gpu))
+        cuts += a.kind in ("cut", "halve")
+        level = a.allowance_after
+    return cuts, level
+
+
+def test_a_latency_cut_holds_growth_under_what_ran_when_chat_slowed() -> None:
+    # Without the memory, the law regrows into the level that slowed chat a couple of minutes
+    # after each cut, and each time chat slows again. With it, it stays one under: the first
+    # two minutes find the cliff (13, 12, 11 fail in turn), then ten minutes without a cut.
+    c = ours(
+        cut_memory_s=600.0, cut_memory_hot_only=False, app_limited_headroom=0, grow_to_demand=False
+    )
+    _, level = _cliff(c, 0, 120, 8)
+    assert c.failed is not None and c.failed[0] == 11
+    cuts, level = _cliff(c, 120, 660, level)
+    assert (cuts, level) == (0, 10)
+    a = c.step(inp(660.0, 300.0, batch_inflight=10))
+    assert (
+        a.reason
+        == "hold 10: p95≈300 ms low, held at one under the 11 batch requests chat slowed at"
+    )
+    # Ten minutes after the last cut the memory lapses, and growth probes again.
+    cuts, _ = _cliff(c, 661, 800, 10)
+    assert cuts >= 1
+    off = ours(cut_memory_s=0.0, app_limited_headroom=0, grow_to_demand=False)
+    _, level = _cliff(off, 0, 120, 8)
+    cuts, _ = _cliff(off, 120, 660, level)
+    assert cuts >= 10
+
+
+def test_the_cut_memory_lapses_once_the_card_is_cooler() -> None:
+    hot = GpuState(SW_THERMAL_SLOWDOWN, 1500.0, MAX_MHZ, temp_c=88.0, temp_slowdown_c=90.0)
+    warm = GpuState(0, 1900.0, MAX_MHZ, temp_c=80.0, temp_slowdown_c=90.0)  # no bit: cooler
+    c = ours(cut_memory_s=3600.0, cut_memory_hot_only=False, app_limited_headroom=0)
+    _, level = _cliff(c, 0, 600, 8, gpu=hot)
+    assert level == 10 and c.failed is not None and c.failed[0] == 11
+    # Still hot: held. Cooler: the memory is gone and growth probes past it again.
+    cuts, level = _cliff(c, 600, 900, level, gpu=hot)
+    assert (cuts, level) == (0, 10)
+    cuts, _ = _cliff(c, 900, 1200, level, gpu=warm)
+    assert cuts >= 1
+
+
+def test_by_default_the_cut_memory_is_for_heat_only() -> None:
+    hot = GpuState(SW_THERMAL_SLOWDOWN, 1500.0, MAX_MHZ, temp_c=88.0, temp_slowdown_c=90.0)
+    cool = GpuState(0, 1950.0, MAX_MHZ, temp_c=60.0, temp_slowdown_c=90.0)
+    c = ours(app_limited_headroom=0, grow_to_demand=False)
+    assert (c.config.cut_memory_s, c.config.cut_memory_hot_only) == (1200.0, True)
+    # A cool card's cuts teach nothing: it regrows into the cliff each time.
+    cuts, _ = _cliff(c, 0, 600, 8, gpu=cool)
+    assert c.failed is None and cuts >= 10
+    # A cut under a thermal slowdown bit is remembered, until the bit clears.
+    c = ours(app_limited_headroom=0, grow_to_demand=False)
+    cuts, level = _cliff(c, 0, 600, 8, gpu=hot)
+    assert c.failed is not None and level == 10 and cuts <= 3
+    a = c.step(inp(600.0, 300.0, batch_inflight=10, gpu=cool))
+    assert c.failed is None and a.allowance_after > 10  # the bit cleared: forgotten
+
+
+def test_the_cut_memory_setting_is_checked() -> None:
+    with pytest.raises(ValueError, match=re.escape("cut_memory_s must be ≥ 0 s, got -1.0")):
+        ControlConfig(target_p95_ms=2000.0, cut_memory_s=-1.0)

@@ -70,6 +70,10 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   cut: each one was a write to take back when the chat burst passed.
 - A cut for load (a surge shed, a slot cut) leaves a frozen ceiling where heat put it: it
   says nothing about the card.
+- `cut_memory_s`: a latency cut under a thermal slowdown bit remembers the batch that ran
+  when chat slowed, and growth stops one under it while the bit holds, the card is in no
+  cooler thermal state, and `cut_memory_s` has not passed: regrowing to it on the same hot
+  card brings the same slowdown back (TCP's ssthresh).
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
   step): arrivals are Poisson, false alarms happen a few times an hour, and each should cost
   a few changes. Where the serving layer ramps a raise (`serving_ramps`: the gateway's
@@ -189,6 +193,13 @@ class ControlConfig:
     # The card heads for where its clocks fall (rising, and at this pace there within this
     # long): no growing into it, and a cut to the map's hot row where the map knows it.
     heat_eta_s: float = 120.0  # 0: off
+    # A latency cut remembers what failed: growth stops one under the batch that ran when
+    # chat slowed, for this long, or until the card is in a cooler thermal state (0: off).
+    cut_memory_s: float = 1200.0
+    # ... only for a cut under a thermal slowdown bit, and only while a bit is set: on a cool
+    # card a cut is as often a passing chat peak, and holding under it cost 5 % of batch
+    # on workstation and ambient-step (docs/control.md).
+    cut_memory_hot_only: bool = True
 
     @property
     def slot_line(self) -> int:
@@ -247,6 +258,7 @@ class ControlConfig:
             "headroom_memory_s",
             "headroom_cool_margin_c",
             "heat_eta_s",
+            "cut_memory_s",
         ):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
@@ -280,6 +292,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         surge_cap_quiet_retest=False,
         headroom=False,
         heat_eta_s=0.0,
+        cut_memory_s=0.0,
     )
 
 
@@ -417,6 +430,8 @@ class AllowanceController:
         self.map_used: str | None = None  # the row the last map decision used
         self.map_prior: list[Observation] = []  # earlier days' chat (seed_map)
         self.temps: deque[tuple[float, float]] = deque()  # (now_s, °C) of the last minute
+        # The batch that ran when the last latency cut came, when, and in which thermal state.
+        self.failed: tuple[int, float, str | None] | None = None
 
     def seed_map(self, observations: Iterable[Observation]) -> int:
         """Earlier days' chat for the headroom map, each measured under a known load and card
@@ -633,11 +648,12 @@ class AllowanceController:
             and not c.serving_slots
             else None
         )
-        kind, after, load_cut = "hold", level, False
+        kind, after, load_cut, latency_cut = "hold", level, False, False
+        self._forget_failed(inp.now_s, heat_now)
         if est is None or self.samples_seen < c.min_samples:
             why = f"waiting for samples ({self.samples_seen}/{c.min_samples})"
         elif severe and can_cut:
-            kind, after = "halve", max(c.floor, running // 2)
+            kind, after, latency_cut = "halve", max(c.floor, running // 2), True
             why = (
                 f"{inp.failed_canaries} failed canary(ies) count as violations"
                 if inp.failed_canaries
@@ -646,6 +662,7 @@ class AllowanceController:
         elif est > c.cut_ratio * t and can_cut:
             factor = max(c.max_cut_factor, c.cut_ratio * t / est)
             kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * factor)))
+            latency_cut = True
             why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
         elif slot_room is not None and level > slot_room and running > slot_room:
             kind, after, load_cut = "cut", slot_room, True
@@ -700,6 +717,18 @@ class AllowanceController:
             self.grow_times.append(inp.now_s)
             if kind == "grow" and self.map_used is not None:
                 why += f"; headroom row: {self.map_used}"
+        if (
+            after < level
+            and latency_cut
+            and not surge
+            and c.cut_memory_s > 0
+            and (heat_now or not c.cut_memory_hot_only)
+        ):
+            # What ran when chat slowed: regrowing to it brings the same slowdown back a
+            # minute or two later (hr-fans-stall-twice: 16 → 10 → 16 → cut, a missed window
+            # each time). A lower level failing too lowers it.
+            failed = running if self.failed is None else min(running, self.failed[0])
+            self.failed = (failed, inp.now_s, self.map_state)
         if after < level:
             self.map_grow_to = None
             self.last_cut_s = inp.now_s
@@ -768,6 +797,9 @@ class AllowanceController:
             room = c.slot_line - peak
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots chat has held lately"
+        if self.failed is not None and self.failed[0] - 1 < limit:
+            limit = max(c.floor, self.failed[0] - 1)
+            why_limit = f"one under the {self.failed[0]} batch requests chat slowed at"
         if c.grow_to_demand and inp.batch_inflight is not None and inp.batch_queued is not None:
             # Room the batch job does not ask for buys nothing and lets a burst of it in.
             demand = inp.batch_inflight + inp.batch_queued
@@ -814,6 +846,21 @@ class AllowanceController:
             kind = "freeze" if limit == self.frozen_ceiling else "hold"
             return kind, level, f"p95≈{est:.0f} ms low, held at {why_limit}"
         return "grow", after, f"p95≈{est:.0f} ms < {c.grow_ratio:g}×T"
+
+    def _forget_failed(self, now_s: float, heat_now: bool) -> None:
+        """Let growth past the last latency cut's level once `cut_memory_s` has passed, or the
+        card has moved into a cooler thermal state than the one it was cut in."""
+        if self.failed is None:
+            return
+        _, at_s, state = self.failed
+        cooler = (
+            state in STATES
+            and self.map_state in STATES
+            and STATES.index(self.map_state) < STATES.index(state)
+        )
+        gone = self.config.cut_memory_hot_only and not heat_now
+        if cooler or gone or now_s - at_s >= self.config.cut_memory_s:
+            self.failed = None
 
     def _retest_surge_cap(self, inp: ControlInput, heat_now: bool) -> None:
         """Drop a learned surge cap once the card has been cooler than when it was learned

@@ -99,6 +99,7 @@ ADDITIONS = (
     "surge_heat_factor",
     "surge_cap_retest_s",
     "headroom",
+    "cut_memory_s",
 )
 
 
