@@ -453,3 +453,32 @@ def test_a_risen_tail_is_told_by_its_p95() -> None:
     opened = of_kind(events, "latency", "opened")
     assert opened and "p95 TTFT" in opened[0].message
     assert "median" not in opened[0].message
+
+
+def test_the_opening_line_cites_the_probes_the_alarm_fired_on() -> None:
+    # Heat doubles every probe from 450 on, with the clock down (telemetry assists): the
+    # alarm comes within a few probes, while most of the five-minute window is from before
+    # the rise. The line cites the probes since the rise began, not that window.
+    n, at = 600, 450
+    hot = np.arange(n) >= at
+    obs = trace(
+        n,
+        seed=31,
+        mult=np.where(hot, 2.0, 1.0),
+        bits=np.where(hot, SW_THERMAL, 0),
+        clock=np.where(hot, 900.0, 1950.0),
+    )
+    mon = DriftMonitor(DriftConfig())
+    opened = of_kind(run(obs, mon), "latency", "opened")
+    assert opened and opened[0].cause == "thermal"
+    fired_at = index_of(opened[0])
+    assert fired_at - at < 15  # the premise: the window is mostly from before the rise
+    window = [o.ttft_ms or 0.0 for o in obs[fired_at - 29 : fired_at + 1]]
+    base = mon.baseline
+    assert base is not None
+    ev = opened[0].evidence
+    # Every probe since the rise runs at twice the baseline; the window's median does not show it.
+    assert ev["p50_ms"] > 1.6 * base.ttft_p50_ms, (ev["p50_ms"], base.ttft_p50_ms)
+    assert float(np.median(window)) < 1.3 * base.ttft_p50_ms
+    assert ev["ttft_probes"] <= fired_at - at + 5
+    assert opened[0].message.startswith("Chat slowed under heat: p95 TTFT ")
