@@ -951,3 +951,65 @@ def test_by_default_the_cut_memory_is_for_heat_only() -> None:
 def test_the_cut_memory_setting_is_checked() -> None:
     with pytest.raises(ValueError, match=re.escape("cut_memory_s must be ≥ 0 s, got -1.0")):
         ControlConfig(target_p95_ms=2000.0, cut_memory_s=-1.0)
+
+
+def _fall(
+    c: AllowanceController, clocks: list[float], reasons: int, start: float = 0.0
+) -> list[ControlAction]:
+    """One step a second at each busy clock (MHz) in turn, chat at 300 ms (well under T),
+    batch running what the law allows."""
+    out, level = [], c.allowance
+    for i, mhz in enumerate(clocks):
+        gpu = GpuState(reasons, mhz, MAX_MHZ)
+        a = c.step(inp(start + i, 300.0, batch_inflight=level, gpu=gpu))
+        out.append(a)
+        level = a.allowance_after
+    return out
+
+
+def test_a_deep_clock_fall_under_heat_cuts_before_chat_slows() -> None:
+    # A card at its target temperature (slowdown bit set, clock steady at 0.95) whose fans
+    # stall: the clock falls to 0.4 in seconds. Chat has not slowed yet; what runs is cut by
+    # as much as the clock fell, once.
+    c = ours(grow_to_demand=False, app_limited_headroom=0)
+    steady = _fall(c, [1900.0] * 60, SW_THERMAL_SLOWDOWN)
+    level = steady[-1].allowance_after
+    assert all(a.kind not in ("cut", "halve") for a in steady)
+    falling = _fall(c, [1700.0, 1400.0, 1100.0, 800.0] + [800.0] * 60, SW_THERMAL_SLOWDOWN, 60)
+    cuts = [a for a in falling if a.kind in ("cut", "halve")]
+    assert len(cuts) == 1
+    cut = cuts[0]
+    # 800 / 1900 = 0.42 of the minute's busiest: 0.42 × what ran, rounded down
+    assert cut.allowance_before == level
+    assert cut.allowance_after == math.floor(level * 800.0 / 1900.0)
+    assert cut.reason == (
+        f"cut {level} → {cut.allowance_after}: the clock fell to 0.42 of its busiest in the "
+        "last minute under a thermal slowdown: what runs cut by as much, before chat shows it"
+    )
+    # It counts as a latency cut under heat: growth stays under what ran while the bit holds.
+    assert c.failed is not None and c.failed[0] == level
+    assert max(a.allowance_after for a in falling[falling.index(cut) :]) < level
+
+
+def test_a_clock_fall_that_is_shallow_or_not_thermal_cuts_nothing() -> None:
+    def cuts(clocks: list[float], reasons: int, **changes: object) -> int:
+        c = ours(grow_to_demand=False, app_limited_headroom=0, **changes)
+        acts = _fall(c, [1900.0] * 60 + clocks + [clocks[-1]] * 30, reasons)
+        return sum(a.kind in ("cut", "halve") for a in acts)
+
+    deep = [1700.0, 1400.0, 1100.0, 800.0]
+    assert cuts(deep, SW_THERMAL_SLOWDOWN) == 1
+    # a power cap pulls the clock for a reason the card's heat does not explain
+    assert cuts(deep, SW_POWER_CAP) == 0
+    # a dip to 0.63 of the busiest clock (a long prefill's, a bin or two of heat)
+    assert cuts([1600.0, 1300.0, 1200.0], SW_THERMAL_SLOWDOWN) == 0
+    # off
+    assert cuts(deep, SW_THERMAL_SLOWDOWN, clock_fall_cut=0.0) == 0
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1])
+def test_the_clock_fall_setting_is_checked(value: float) -> None:
+    with pytest.raises(
+        ValueError, match=re.escape(f"clock_fall_cut must be in [0, 1) (0: off), got {value}")
+    ):
+        ControlConfig(target_p95_ms=2000.0, clock_fall_cut=value)

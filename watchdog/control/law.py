@@ -74,6 +74,8 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   when chat slowed, and growth stops one under it while the bit holds, the card is in no
   cooler thermal state, and `cut_memory_s` has not passed: regrowing to it on the same hot
   card brings the same slowdown back (TCP's ssthresh).
+- `clock_fall_cut`: under a thermal slowdown bit, a busy clock under half its busiest of the
+  last minute cuts what runs by the same share at once, before the latency signal shows it.
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
   step): arrivals are Poisson, false alarms happen a few times an hour, and each should cost
   a few changes. Where the serving layer ramps a raise (`serving_ramps`: the gateway's
@@ -115,6 +117,8 @@ MAP_PRIOR_PER_CELL = 400
 # The temperature's pace is read over this long: long enough that a prefill spike's degree
 # is not a trend, short enough that a fan stopping shows within a minute.
 HEAT_PACE_S = 60.0
+# The busy clock a fall is measured from: the busiest of the last minute.
+CLOCK_FALL_WINDOW_S = 60.0
 FREEZE_MODES = ("throttled", "falling", "off")
 
 
@@ -200,6 +204,11 @@ class ControlConfig:
     # card a cut is as often a passing chat peak, and holding under it cost 5 % of batch
     # on workstation and ambient-step (docs/control.md).
     cut_memory_hot_only: bool = True
+    # Under a thermal slowdown bit, a busy SM clock under this share of its busiest of the last
+    # minute cuts what runs by the same share at once (0: off). The engine runs at the clock's
+    # pace; the latency estimate shows a fall that deep only once a minute is lost
+    # (hr-fans-stall-twice: 0.94 → 0.31 of the maximum in 40 s). A prefill's dip is shallower.
+    clock_fall_cut: float = 0.5
 
     @property
     def slot_line(self) -> int:
@@ -262,6 +271,10 @@ class ControlConfig:
         ):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be ≥ 0 s, got {value}")
+        need(
+            0 <= self.clock_fall_cut < 1,
+            f"clock_fall_cut must be in [0, 1) (0: off), got {self.clock_fall_cut}",
+        )
 
 
 def design_law(config: ControlConfig) -> ControlConfig:
@@ -293,6 +306,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         headroom=False,
         heat_eta_s=0.0,
         cut_memory_s=0.0,
+        clock_fall_cut=0.0,
     )
 
 
@@ -430,6 +444,7 @@ class AllowanceController:
         self.map_used: str | None = None  # the row the last map decision used
         self.map_prior: list[Observation] = []  # earlier days' chat (seed_map)
         self.temps: deque[tuple[float, float]] = deque()  # (now_s, °C) of the last minute
+        self.clocks: deque[tuple[float, float]] = deque()  # (now_s, busy clock ratio)
         # The batch that ran when the last latency cut came, when, and in which thermal state.
         self.failed: tuple[int, float, str | None] | None = None
 
@@ -582,6 +597,7 @@ class AllowanceController:
         self.last_now_s = inp.now_s
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
+        fall = self._clock_fall(inp)
         if surge:
             if c.map_skip_surges and inp.now_s - self.last_surge_s >= c.window_s:
                 # Newly seen: the answers of the seconds the detector took to see it are the
@@ -664,6 +680,25 @@ class AllowanceController:
             kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * factor)))
             latency_cut = True
             why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
+        elif (
+            fall is not None
+            and fall < c.clock_fall_cut
+            and heat_now
+            and can_cut
+            and running > c.floor
+            and not surge
+        ):
+            # Ahead of the latency signal: chat slows as the clock does, and by the time the
+            # estimate shows it the minute is lost. It counts as a latency cut: what ran is
+            # what the card could not carry at this clock.
+            kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * fall)))
+            latency_cut = True
+            why = (
+                f"the clock fell to {fall:.2f} of its busiest in the last minute under a "
+                "thermal slowdown: what runs cut by as much, before chat shows it"
+            )
+            # The next cut for a fall counts from here, not from the clock before this one.
+            self.clocks.clear()
         elif slot_room is not None and level > slot_room and running > slot_room:
             kind, after, load_cut = "cut", slot_room, True
             why = f"chat holds {inp.chat_inflight} of the engine's {c.engine_slots} slots"
@@ -910,6 +945,21 @@ class AllowanceController:
             return None
         before, self.map_state = self.map_state, state
         return None if before is None else (before, state)
+
+    def _clock_fall(self, inp: ControlInput) -> float | None:
+        """The busy SM clock as a share of its busiest of the last minute; None when off,
+        idle (an idle clock is not a fall) or unknown."""
+        gpu = inp.gpu
+        if self.config.clock_fall_cut <= 0 or gpu is None or gpu.has(GPU_IDLE):
+            return None
+        ratio = gpu.clock_ratio
+        if ratio is None:
+            return None
+        self.clocks.append((inp.now_s, ratio))
+        while self.clocks[0][0] < inp.now_s - CLOCK_FALL_WINDOW_S:
+            self.clocks.popleft()
+        top = max(r for _, r in self.clocks)
+        return ratio / top if top > 0 else None
 
     def _heat_eta(self, inp: ControlInput) -> float | None:
         """Seconds until the card reaches where its clocks fall, at the pace of the last

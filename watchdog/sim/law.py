@@ -100,6 +100,7 @@ ADDITIONS = (
     "surge_cap_retest_s",
     "headroom",
     "cut_memory_s",
+    "clock_fall_cut",
 )
 
 
