@@ -337,6 +337,12 @@ class GpuState:
             return None
         return self.sm_clock_mhz / self.sm_clock_max_mhz
 
+    @property
+    def busy_clock_ratio(self) -> float | None:
+        """The clock ratio of a working card; None while idle: an idle card shows its idle
+        clock, which is neither a fall nor a reading to compare with."""
+        return None if self.has(GPU_IDLE) else self.clock_ratio
+
     def has(self, mask: int) -> bool:
         return bool(self.throttle_reasons and self.throttle_reasons & mask)
 
@@ -382,8 +388,8 @@ def is_throttled(gpu: GpuState | None, config: ControlConfig) -> bool:
         return False
     if gpu.has(THERMAL_MASK | POWER_MASK):
         return True
-    ratio = gpu.clock_ratio
-    return ratio is not None and not gpu.has(GPU_IDLE) and ratio < config.clock_normal_ratio
+    ratio = gpu.busy_clock_ratio
+    return ratio is not None and ratio < config.clock_normal_ratio
 
 
 class AllowanceController:
@@ -491,8 +497,7 @@ class AllowanceController:
         c = self.config
         gpu = inp.gpu
         throttled = is_throttled(gpu, c)
-        # An idle card shows its idle clock: not a fall, and not a reading to compare with.
-        ratio = gpu.clock_ratio if gpu is not None and not gpu.has(GPU_IDLE) else None
+        ratio = None if gpu is None else gpu.busy_clock_ratio
         drop = 0.0
         if ratio is not None and self.last_clock_ratio is not None:
             drop = max(0.0, 1.0 - ratio / self.last_clock_ratio)
@@ -948,12 +953,10 @@ class AllowanceController:
 
     def _clock_fall(self, inp: ControlInput) -> float | None:
         """The busy SM clock as a share of its busiest of the last minute; None when off,
-        idle (an idle clock is not a fall) or unknown."""
+        idle or unknown."""
         gpu = inp.gpu
-        if self.config.clock_fall_cut <= 0 or gpu is None or gpu.has(GPU_IDLE):
-            return None
-        ratio = gpu.clock_ratio
-        if ratio is None:
+        ratio = None if gpu is None else gpu.busy_clock_ratio
+        if self.config.clock_fall_cut <= 0 or ratio is None:
             return None
         self.clocks.append((inp.now_s, ratio))
         while self.clocks[0][0] < inp.now_s - CLOCK_FALL_WINDOW_S:
