@@ -42,9 +42,24 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
         )
         verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
         assert store.rows("SELECT * FROM baselines")
-        # Each probe row keeps the batch state it was sent under, for trace export and replay.
-        steered = store.rows("SELECT batch_allowance FROM probes WHERE batch_allowance > 0")
-        assert len(steered) > 0.8 * len(result.probes)
+        # Each probe row keeps the batch state it was sent under, for trace export and replay:
+        # the allowance the controller held then, in the order the controller moved it. How
+        # far it moves (to 0 on a loaded machine, where chat is slower) is the law's to say.
+        recorded = [
+            r["batch_allowance"]
+            for r in store.rows("SELECT batch_allowance FROM probes ORDER BY ts, id")
+        ]
+        moves = store.rows(
+            "SELECT allowance_before, allowance_after FROM control_actions "
+            "WHERE applied = 1 ORDER BY ts, id"
+        )
+    assert recorded == [a for *_, a in result.probes]
+    held = [v for v in recorded if v is not None]
+    assert len(held) >= 0.95 * len(recorded)
+    path = [moves[0]["allowance_before"]] + [m["allowance_after"] for m in moves]
+    seen = [v for i, v in enumerate(held) if i == 0 or held[i - 1] != v]
+    rest = iter(path)
+    assert all(v in rest for v in seen), (seen, path)
     assert writes and verified
     assert any("batch allowance" in line for line in lines)
     assert any(str(result.db_path) in line for line in lines)
