@@ -54,8 +54,10 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
             "WHERE applied = 1 ORDER BY ts, id"
         )
     assert recorded == [a for *_, a in result.probes]
-    held = [v for v in recorded if v is not None]
-    assert len(held) >= 0.95 * len(recorded)
+    # Only the probes sent before the controller's first reading carry none.
+    first = next(i for i, v in enumerate(recorded) if v is not None)
+    held = recorded[first:]
+    assert None not in held and first < 0.25 * len(recorded), recorded
     path = [moves[0]["allowance_before"]] + [m["allowance_after"] for m in moves]
     seen = [v for i, v in enumerate(held) if i == 0 or held[i - 1] != v]
     rest = iter(path)
