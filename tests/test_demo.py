@@ -54,7 +54,7 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
             "WHERE applied = 1 ORDER BY ts, id"
         )
     assert recorded == [a for *_, a in result.probes]
-    # Only the probes sent before the controller's first reading carry none.
+    # Only the probes sent before the controller has started carry none.
     first = next(i for i, v in enumerate(recorded) if v is not None)
     held = recorded[first:]
     assert None not in held and first < 0.25 * len(recorded), recorded

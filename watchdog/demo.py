@@ -219,8 +219,9 @@ def run_demo(
         result.started_at = time.time() - lab.now()
 
         def on_probe(r: ProbeResult, g: GpuSample | None) -> None:
-            steer = daemon.steer
-            allowance = steer.allowance if steer else None
+            # The allowance the probe was sent under, as its row keeps it: the control loop
+            # runs on its own thread and may have moved it since.
+            allowance = r.batch_allowance
             t = time.monotonic() - t0
             result.probes.append((t, r, g, allowance))
             if allowance is not None and (
