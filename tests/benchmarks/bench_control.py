@@ -9,10 +9,12 @@ length with the same seed, which gives every controller the same chat, to the re
 lab draws chat and batch from separate streams); SLO windows start after the first 2
 minutes. The lab's gateway admits batch as the real one does, a raise ramped at its default
 0.5 requests a second, for every controller alike (a static allowance is never raised).
-With `--hold-slots` the lab's gateway holds batch under the engine's slots less a few kept
-for chat (the gateway's `--engine-slots`), for every controller alike, statics included, and
-ours knows it does (`serving_slots`). With several `--seeds`, a summary per controller over
-every scenario and seed closes the report.
+The lab's gateway holds batch under the engine's slots less a few kept for chat, as the
+shipped gateway does by default (its `--engine-slots`, read from the engine), for every
+controller alike, statics included, and ours knows it does (`serving_slots`).
+`--no-hold-slots` runs without that line, as behind a serving layer that cannot hold it (the
+HAProxy or command actuators): ours then makes its own slot cut. With several `--seeds`, a
+summary per controller over every scenario and seed closes the report.
 
 Columns:
     att        share of 1-minute windows with chat p95 ≤ target (bad: how many were not)
@@ -39,7 +41,7 @@ Targets (issue #5): att ≥ 99 %; tok/s ≥ 1.10 × best static at the same atta
 AIMD and Gradient2 at equal attainment; restore ≤ 60 s; ≤ 30 changes/h in steady state.
 
     .venv/bin/python tests/benchmarks/bench_control.py [--scenarios a,b] [--seeds 0,1,2] [--json]
-        [--fast] [--preempt] [--hold-slots]
+        [--fast] [--preempt] [--no-hold-slots]
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ BIN_S = 15.0
 HOLD_S = 60.0
 SETTLE_S = 180.0
 STEADY_AFTER_S = 1800.0
-# The lab's gateway holds its slot line in every run (--hold-slots); main() sets it once.
-HOLD_SLOTS = False
+# The lab's gateway holds its slot line in every run, as the shipped gateway does by default;
+# main() sets it once (--no-hold-slots: no line).
+HOLD_SLOTS = True
 
 
 class Recorder:
@@ -421,7 +424,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         )
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
@@ -434,18 +437,31 @@ def main() -> None:
     ap.add_argument("--preempt", action="store_true", help=f"add {PREEMPT}")
     ap.add_argument(
         "--hold-slots",
-        action="store_true",
-        help="the lab's gateway holds batch under the engine's slots (--engine-slots)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the lab's gateway holds batch under the engine's slots less a few for chat, as "
+        "the shipped gateway does by default; --no-hold-slots: no line, ours cuts for slots",
     )
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     global HOLD_SLOTS
     HOLD_SLOTS = args.hold_slots
+    if not args.json:
+        print(
+            "the lab's gateway holds batch under the engine's slot line (as shipped)"
+            if HOLD_SLOTS
+            else "no slot line at the gateway (--no-hold-slots): ours makes its own slot cut"
+        )
     t0 = time.perf_counter()
     results = []
     for seed in (int(x) for x in args.seeds.split(",")):
         for name in args.scenarios.split(","):
             res = bench(name, seed, args.fast, args.preempt)
             res["seed"] = seed
+            res["hold_slots"] = HOLD_SLOTS
             results.append(res)
             if args.json:
                 print(json.dumps(res))
