@@ -438,7 +438,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--hold-slots",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=HOLD_SLOTS,
         help="the lab's gateway holds batch under the engine's slots less a few for chat, as "
         "the shipped gateway does by default; --no-hold-slots: no line, ours cuts for slots",
     )
