@@ -14,7 +14,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from llm_watchdog.sim.cli import share_text, sim, sweep_points
+from llm_watchdog.gateway.config import slot_line
+from llm_watchdog.sim.cli import held_points, share_text, sim, sweep_points
 from llm_watchdog.sim.controllers import (
     ControllerContext,
     Observation,
@@ -22,6 +23,7 @@ from llm_watchdog.sim.controllers import (
     controller_names,
     register_controller,
 )
+from llm_watchdog.sim.scenario import load_scenario
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -44,11 +46,12 @@ def test_run_prints_the_figures_a_person_asks_for() -> None:
 def test_a_share_just_short_of_99_percent_never_prints_as_99() -> None:
     # Static 2 on hr-fans-stall-twice, seed 0, meets 96 of its 97 windows: 98.97 %, which
     # rounded to the nearest 0.1 % read "99.0 %" next to a target it misses.
-    code, out = invoke("run", "-s", "hr-fans-stall-twice", "-c", "static:2", "--json")
+    args = ("run", "-s", "hr-fans-stall-twice", "-c", "static:2", "--no-hold-slots")
+    code, out = invoke(*args, "--json")
     assert code == 0, out
     doc = json.loads(out)
     assert (doc["slo_windows"], round(doc["slo_attainment"] * doc["slo_windows"])) == (97, 96)
-    code, out = invoke("run", "-s", "hr-fans-stall-twice", "-c", "static:2")
+    code, out = invoke(*args)
     assert code == 0, out
     assert "in 96/97 one-minute windows (98.9 %)" in out
 
@@ -89,10 +92,24 @@ def test_run_with_the_slot_line_keeps_batch_off_the_slots_chat_needs() -> None:
         assert code == 0, out
         return json.loads(out)  # type: ignore[no-any-return]
 
-    free, held = run(), run("--hold-slots")
+    free, held = run("--no-hold-slots"), run()  # the line is the default, as shipped
+    assert (free["slot_line"], held["slot_line"]) == (None, 28)  # 32 - min(4, 32/8)
     assert max(m["batch_inflight"] for m in free["minutes"]) == 32
-    assert max(m["batch_inflight"] for m in held["minutes"]) <= 28  # 32 - min(4, 32/8)
+    assert max(m["batch_inflight"] for m in held["minutes"]) <= 28
     assert held["chat_ttft_p95_ms"] < free["chat_ttft_p95_ms"] / 4
+    again = run("--hold-slots")
+    assert (again["slot_line"], again["batch_tokens_per_s"]) == (28, held["batch_tokens_per_s"])
+
+
+def test_the_run_report_says_which_gateway_it_ran_behind() -> None:
+    args = ("run", "-s", "workstation", "--duration", "3m", "-c", "static:2")
+    code, held = invoke(*args)
+    assert code == 0, held
+    code, free = invoke(*args, "--no-hold-slots")
+    assert code == 0, free
+    line = slot_line(load_scenario("workstation").engine.max_running_seqs)
+    assert f"batch held under the gateway's slot line {line}" in held.splitlines()[0]
+    assert "no slot line at the gateway (--no-hold-slots)" in free.splitlines()[0]
 
 
 @pytest.mark.parametrize(
@@ -162,9 +179,18 @@ def test_sweep_shows_cool_and_hot_per_allowance() -> None:
     )
     assert code == 0, out
     lines = out.splitlines()
-    assert "cool p95" in lines[1] and "hot p95" in lines[1]
-    assert lines[2].split()[0] == "0" and lines[3].split()[0] == "8"
+    assert "holds batch under the slot line" in lines[1]
+    assert "cool p95" in lines[2] and "hot p95" in lines[2]
+    assert lines[3].split()[0] == "0" and lines[4].split()[0] == "8"
     assert "largest allowance within the target: cool " in out
+
+
+def test_behind_the_line_the_line_stands_in_for_the_points_over_it() -> None:
+    points = sweep_points(32)
+    assert held_points(points, 28) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 28]
+    assert held_points(points, None) == points
+    assert held_points(sweep_points(6), 7) == sweep_points(6)  # the demand is under the line
+    assert held_points([0, 8], 7) == [0, 7]
 
 
 def test_sweep_points_cover_the_demand() -> None:

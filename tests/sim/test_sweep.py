@@ -8,7 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from llm_watchdog.sim.cli import find_static, peak_demand, sim, sweep_points
+from llm_watchdog.gateway.config import slot_line
+from llm_watchdog.sim.cli import find_static, held_points, peak_demand, sim, sweep_points
 from llm_watchdog.sim.scenario import ScheduleEvent, available_scenarios, load_scenario
 
 
@@ -38,18 +39,57 @@ def test_sweep_json_gives_every_run_then_the_answer_per_state() -> None:
     )
 
 
+def test_sweep_says_which_gateway_it_judged_behind() -> None:
+    args = ("sweep", "-s", "laptop-dock-bursts", "--duration", "10m", "--json")
+    code, out = invoke(*args, "--allowances", "0,3")
+    assert code == 0, out
+    assert json.loads(out.splitlines()[-1])["slot_line"] == 7  # 8 slots - min(4, 8/8)
+    code, out = invoke(*args, "--allowances", "0,3", "--no-hold-slots")
+    assert code == 0, out
+    assert json.loads(out.splitlines()[-1])["slot_line"] is None
+
+
+def test_behind_the_line_the_sweep_stops_at_it() -> None:
+    # team-arrives-long-outputs: 32 batch streams on 32 slots, a line at 28.
+    code, out = invoke("sweep", "-s", "team-arrives-long-outputs", "--duration", "4m", "--json")
+    assert code == 0, out
+    # The note that 4 minutes end before the scenario's schedule does is not JSON.
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert max(r["allowance"] for r in lines[:-1]) <= 28
+    assert lines[-1]["slot_line"] == 28
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("hold", [True, False], ids=["slot-line", "no-line"])
 @pytest.mark.parametrize("name", available_scenarios())
-def test_the_sweeps_static_answer_meets_the_slo_in_99_percent_of_windows(name: str) -> None:
+def test_the_sweeps_static_answer_meets_the_slo_in_99_percent_of_windows(
+    name: str, hold: bool
+) -> None:
+    # Behind the gateway's slot line, as `sim sweep` and `sim run` run by default, and
+    # without it, as `--no-hold-slots` asks.
     sc = load_scenario(name)
-    answer, runs = find_static(sc, sweep_points(peak_demand(sc)))
+    line = slot_line(sc.engine.max_running_seqs) if hold else None
+    points = held_points(sweep_points(peak_demand(sc)), line)
+    answer, runs = find_static(sc, points, hold_slots=hold)
     assert answer is not None, f"{name}: chat misses the target even without batch"
-    code, out = invoke("run", "-s", name, "-c", f"static:{answer}", "--json")
+    flag = "--hold-slots" if hold else "--no-hold-slots"
+    code, out = invoke("run", "-s", name, "-c", f"static:{answer}", "--json", flag)
     assert code == 0, out
     got = json.loads(out)
-    assert got["duration_s"] == sc.duration_s
+    assert got["duration_s"] == sc.duration_s and got["slot_line"] == line
     if got["slo_windows"]:
         assert got["slo_attainment"] >= 0.99, (name, answer, got["slo_attainment"])
     else:  # no chat of its own to judge (the demo's chat comes from outside)
         assert sc.chat.arrivals_per_s == 0
+
+
+def test_an_answer_at_or_over_the_line_says_the_line_lets_in_the_same() -> None:
+    args = ("sweep", "-s", "team-arrives-long-outputs", "--duration", "5m")
+    code, out = invoke(*args, "--allowances", "0,32")
+    assert code == 0, out
+    last = out.splitlines()[-1]
+    assert last.startswith("static: 32 holds") and "behind the slot line 28" in last
+    code, out = invoke(*args, "--allowances", "0,32", "--no-hold-slots")
+    assert code == 0, out
+    assert "slot line" not in out.splitlines()[-1]

@@ -27,6 +27,7 @@ from llm_watchdog.control.headroom import (
 )
 from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.errors import EX_CONFIG
+from llm_watchdog.gateway.config import slot_line
 from llm_watchdog.nvml.throttle import GPU_IDLE
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
@@ -55,6 +56,24 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 _SCENARIO_HELP = "A bundled scenario name (see `sim --help`) or a .toml path."
+
+# The shipped gateway holds its slot line wherever it knows the engine's slots, and the demo's
+# and the benchmark's gateways hold it: the lab runs behind it unless told otherwise.
+_hold_slots = click.option(
+    "--hold-slots/--no-hold-slots",
+    default=True,
+    show_default=True,
+    help="The lab's gateway holds batch under the engine's slots less a few kept for chat, as "
+    "the shipped gateway does (its --engine-slots). --no-hold-slots: no line, as behind "
+    "HAProxy or a command actuator.",
+)
+
+
+def line_text(r: RunResult) -> str:
+    """Which gateway the run had: the report says so, since the answers differ."""
+    if r.slot_line is None:
+        return "no slot line at the gateway (--no-hold-slots)"
+    return f"batch held under the gateway's slot line {r.slot_line}"
 
 
 @click.group(name="sim")
@@ -150,12 +169,7 @@ def serve(
     is_flag=True,
     help="The gateway pre-empts the newest batch requests over a lowered allowance.",
 )
-@click.option(
-    "--hold-slots",
-    is_flag=True,
-    help="The gateway holds batch under the engine's slots less a few kept for chat "
-    "(the gateway's --engine-slots).",
-)
+@_hold_slots
 def run(
     scenario: str,
     duration: float | None,
@@ -210,7 +224,8 @@ def report_lines(r: RunResult) -> list[str]:
     met = 0 if r.slo_attainment is None else round(r.slo_attainment * r.slo_windows)
     return [
         f"scenario {r.scenario}, controller {r.controller}: {format_duration(r.duration_s)} "
-        f"simulated in {r.wall_s:.1f} s (first {format_duration(r.warmup_s)} left out)",
+        f"simulated in {r.wall_s:.1f} s (first {format_duration(r.warmup_s)} left out); "
+        f"{line_text(r)}",
         f"chat TTFT   p50 {_ms(r.chat_ttft_p50_ms)}   p95 {_ms(r.chat_ttft_p95_ms)}   "
         f"p99 {_ms(r.chat_ttft_p99_ms)}   ({r.chat_requests} requests)",
         f"SLO         p95 ≤ {r.slo_ttft_ms:,.0f} ms in {met}/{r.slo_windows} one-minute "
@@ -262,10 +277,27 @@ def meets(r: RunResult) -> bool:
     return r.slo_attainment is None or r.slo_attainment >= SWEEP_ATTAINMENT
 
 
-def run_static(sc: Scenario, allowance: int, duration_s: float | None, seed: int) -> RunResult:
+def run_static(
+    sc: Scenario, allowance: int, duration_s: float | None, seed: int, hold_slots: bool = True
+) -> RunResult:
     """One static allowance over the scenario, judged on one-minute windows as `sim run` and
     the benchmark judge it."""
-    return run_virtual(sc, duration_s, f"static:{allowance}", seed=seed, warmup_s=SWEEP_WARMUP_S)
+    return run_virtual(
+        sc,
+        duration_s,
+        f"static:{allowance}",
+        seed=seed,
+        warmup_s=SWEEP_WARMUP_S,
+        hold_slots=hold_slots,
+    )
+
+
+def held_points(points: list[int], line: int | None) -> list[int]:
+    """Behind a slot line an allowance at or over it lets in what the line lets in: the
+    points over it are runs of the line, so the line stands in for them."""
+    if line is None or not points or points[-1] <= line:
+        return points
+    return sorted({p for p in points if p < line} | {line})
 
 
 def find_static(
@@ -275,6 +307,7 @@ def find_static(
     seed: int = 0,
     *,
     bisect: bool = True,
+    hold_slots: bool = True,
 ) -> tuple[int | None, dict[int, RunResult]]:
     """The largest of `points` whose static run meets the SLO in ≥ 99 % of windows, and every
     run made. bisect: assume more batch never helps chat and halve the interval (about
@@ -285,7 +318,7 @@ def find_static(
     def ok(i: int) -> bool:
         n = points[i]
         if n not in runs:
-            runs[n] = run_static(sc, n, duration_s, seed)
+            runs[n] = run_static(sc, n, duration_s, seed, hold_slots)
         return meets(runs[n])
 
     if not bisect:
@@ -355,8 +388,14 @@ def sweep_rows(sc: Scenario, runs: dict[int, RunResult]) -> list[StateRow]:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run, then the answer.")
+@_hold_slots
 def sweep(
-    scenario: str, duration: float | None, allowances: str | None, seed: int, as_json: bool
+    scenario: str,
+    duration: float | None,
+    allowances: str | None,
+    seed: int,
+    as_json: bool,
+    hold_slots: bool,
 ) -> None:
     """The static allowance this card holds the SLO at, and per thermal state what it takes.
 
@@ -364,6 +403,7 @@ def sweep(
     judged on one-minute windows, as the SLO is.
     """
     sc = _scenario(scenario)
+    line = slot_line(sc.engine.max_running_seqs) if hold_slots else None
     if allowances:
         try:
             points = sorted({int(x) for x in allowances.split(",") if x.strip()})
@@ -374,7 +414,7 @@ def sweep(
         if any(p < 0 for p in points) or not points:
             raise click.BadParameter("allowances must be ≥ 0", param_hint="--allowances")
     else:
-        points = sweep_points(peak_demand(sc))
+        points = held_points(sweep_points(peak_demand(sc)), line)
     if duration is not None:
         last = max((e.at_s for e in sc.schedule), default=0.0)
         if duration <= last:
@@ -383,7 +423,9 @@ def sweep(
                 f"last event at {format_duration(last)}; the answer does not cover it",
                 err=True,
             )
-    answer, runs = find_static(sc, points, duration, seed, bisect=not allowances)
+    answer, runs = find_static(
+        sc, points, duration, seed, bisect=not allowances, hold_slots=hold_slots
+    )
     rows = sweep_rows(sc, runs)
     slo = sc.slo_chat_ttft_p95_ms
     if as_json:
@@ -407,6 +449,7 @@ def sweep(
                     "static_allowance": answer,
                     "states": [row.to_dict() for row in rows],
                     "target_ms": slo,
+                    "slot_line": line,
                 }
             )
         )
@@ -415,6 +458,14 @@ def sweep(
     click.echo(
         f"scenario {sc.name}: chat p95 TTFT target {slo:,.0f} ms in ≥ 99 % of one-minute "
         f"windows, {format_duration(span)} per run, batch demand up to {peak_demand(sc)}"
+    )
+    click.echo(
+        f"the lab's gateway holds batch under the slot line {line} of the engine's "
+        f"{sc.engine.max_running_seqs} slots, as the shipped gateway does (--no-hold-slots: "
+        "no line)"
+        if line is not None
+        else "no slot line at the gateway (--no-hold-slots): as behind HAProxy or a command "
+        "actuator"
     )
     click.echo(
         f"{'allowance':>9}  {'windows':>8}  {'cool p95':>10}  {'warm p95':>10}  "
@@ -448,8 +499,14 @@ def sweep(
     if answer is None:
         click.echo("static: none; chat misses the target in over 1 % of windows even with no batch")
     else:
+        above = (
+            f"; behind the slot line {line} any larger allowance lets in the same"
+            if line is not None and answer >= line
+            else ""
+        )
         click.echo(
             f"static: {answer} holds the target in ≥ 99 % of windows over the whole scenario"
+            + above
         )
 
 

@@ -74,6 +74,7 @@ class RunResult:
     wall_s: float
     minutes: tuple[MinuteRow, ...] = field(default=(), repr=False)
     batch_preempted: int = 0  # batch requests the gateway pre-empted (their tokens not counted)
+    slot_line: int | None = None  # the gateway's slot line batch was held under (None: none)
 
     def to_dict(self, minutes: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -328,4 +329,5 @@ def run_virtual(
         wall_s=time.perf_counter() - wall0,
         minutes=tuple(minutes),
         batch_preempted=world.preempted,
+        slot_line=world.slot_line,
     )
