@@ -93,3 +93,33 @@ def test_an_answer_at_or_over_the_line_says_the_line_lets_in_the_same() -> None:
     code, out = invoke(*args, "--allowances", "0,32", "--no-hold-slots")
     assert code == 0, out
     assert "slot line" not in out.splitlines()[-1]
+
+
+def test_an_allowance_holds_only_where_every_seed_meets_the_target() -> None:
+    # consumer-warm-room, 20 minutes: 12 and 16 meet at seed 0 and miss a window at seed 2.
+    sc = load_scenario("consumer-warm-room")
+    points = [0, 4, 8, 12, 16]
+    one, _ = find_static(sc, points, 1200.0)
+    three, runs = find_static(sc, points, 1200.0, seeds=3)
+    assert (one, three) == (16, 8)
+    assert len(runs[8]) == 3 and all(r.slo_attainment == 1.0 for r in runs[8])
+    assert [r.slo_attainment is not None and r.slo_attainment >= 0.99 for r in runs[12]] == [
+        True,
+        True,
+        False,
+    ]
+
+
+def test_sweep_over_seeds_shows_each_seeds_run_and_says_so() -> None:
+    args = ("sweep", "-s", "workstation", "--duration", "10m", "--allowances", "0,4")
+    code, out = invoke(*args, "--seeds", "2", "--json")
+    assert code == 0, out
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(r["allowance"], r["seed"]) for r in lines[:-1]] == [(0, 0), (0, 1), (4, 0), (4, 1)]
+    assert lines[-1]["seeds"] == [0, 1]
+    code, out = invoke(*args, "--seeds", "2")
+    assert code == 0, out
+    assert "each allowance judged on seeds 0-1" in out
+    assert out.splitlines()[-1].endswith("at every seed 0-1")
+    code, out = invoke(*args, "--seeds", "0")
+    assert code != 0 and "--seeds" in out
