@@ -466,8 +466,10 @@ def print_ahead(results: list[dict[str, Any]]) -> None:
             mine = [r for res in rs for r in res["rows"] if r["controller"] == name]
             tok = sum(r["tok_s"] for r in mine) / len(mine)
             met = sum(1 for r in mine if r["att"] >= TARGET_ATT - 1e-9)
-            x = None if ahead is None or ahead[1] <= 0 else tok / ahead[1]
-            ratio = fmt(x, ".2f") if ahead is None or ahead[1] > 0 else f"{tok:.1f} vs 0"
+            if ahead is not None and ahead[1] <= 0:  # static 0: no ratio to take
+                ratio = f"{tok:.1f} vs 0"
+            else:
+                ratio = fmt(None if ahead is None else tok / ahead[1], ".2f")
             cells.append(f"{ratio + f' ({met}/{len(mine)})':>18s}")
         static = "none" if ahead is None else str(ahead[0])
         tok_s = "—" if ahead is None else f"{ahead[1]:.1f}"
