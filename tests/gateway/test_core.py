@@ -111,6 +111,29 @@ def test_a_raise_ramps_from_what_runs_and_a_cut_is_at_once() -> None:
     assert (a.value, a.limit(46.0), a.limit(48.0), a.limit(50.0)) == (4, 3, 4, 4)
 
 
+def test_an_allowance_left_unused_ramps_again_and_one_kept_full_does_not() -> None:
+    a = Allowance(default=8, ceiling=16, ramp_per_s=0.5, ramp_idle_s=10.0)
+    a.observe(0.0, inflight=8, waiting=False)  # full: the job uses all of it
+    a.observe(30.0, inflight=7, waiting=False)  # one ended; its stream sends again at once
+    a.observe(30.1, inflight=8, waiting=False)
+    assert a.limit(100.0) == 8
+    a.observe(100.0, inflight=2, waiting=False)  # the job winds down
+    a.observe(105.0, inflight=0, waiting=False)
+    assert a.limit(105.0) == 8  # not yet unused for 10 s
+    a.observe(300.0, inflight=0, waiting=False)  # it comes back after minutes
+    # one at once, then one every 2 s: eight prefills do not land on chat together
+    assert [a.limit(t) for t in (300.0, 301.9, 302.0, 314.0)] == [1, 1, 2, 8]
+    a.observe(400.0, inflight=3, waiting=True)  # some wait: the limit is not unused
+    assert a.limit(400.0) == 8
+
+
+def test_no_ramp_no_restart_after_idle() -> None:
+    a = Allowance(default=8, ceiling=16, ramp_idle_s=10.0)
+    a.observe(0.0, inflight=0, waiting=False)
+    a.observe(600.0, inflight=0, waiting=False)
+    assert a.limit(600.0) == 8
+
+
 def test_without_a_ramp_a_raise_is_at_once() -> None:
     a = Allowance(default=1, ceiling=16)
     a.set(9, None, "", now=0.0, wall=0.0, inflight=1)

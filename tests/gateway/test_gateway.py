@@ -513,6 +513,32 @@ def test_a_raise_lets_queued_batch_in_one_at_a_time_at_the_ramp(
         assert request.join().status == 200
 
 
+def test_a_batch_job_starting_into_an_idle_allowance_is_let_in_at_the_ramp(
+    engine: FakeEngine,
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+) -> None:
+    gw = make_gateway(
+        batch_default_allowance=4,
+        batch_ramp_per_s=5.0,
+        batch_ramp_idle_s=0.3,
+        max_queue_wait_s=10.0,
+    )
+    first = Background(http, gw.url + CHAT_URL, batch_headers("a"), chat_body())
+    wait_for(lambda: engine.count("open") == 1)
+    engine.release("a")  # the job goes quiet with its allowance of 4 unused
+    assert first.join().status == 200
+    time.sleep(0.5)
+    started = time.monotonic()
+    job = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(4)]
+    wait_for(lambda: engine.count("open") == 4, what="the job's four streams let in by the ramp")
+    # one at once, then one every 0.2 s: not four prefills at the same moment
+    assert time.monotonic() - started >= 3 / 5.0 - 0.01
+    engine.release("b")
+    for request in job:
+        assert request.join().status == 200
+
+
 def test_batch_is_held_under_the_engine_slots_chat_holds_and_let_in_as_chat_finishes(
     engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
 ) -> None:

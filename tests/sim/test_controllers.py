@@ -116,3 +116,24 @@ def test_the_labs_gateway_ramps_a_raise_as_the_real_one_does():
     assert all(b - a <= 2 for a, b in zip(ramped, ramped[1:], strict=False))
     at_once = inflight_after_raise(0.0)
     assert at_once[1] >= 12
+
+
+def test_the_labs_gateway_ramps_a_job_that_starts_into_an_unused_allowance():
+    from llm_watchdog.sim.scenario import load_scenario
+    from llm_watchdog.sim.virtual import run_virtual
+
+    # No batch for 20 minutes, then a job of 24 streams against an allowance of 12 that
+    # stood unused all along: let in as a raise is, not twelve prefills at once.
+    scenario = load_scenario("hr-night-cooling-late-batch")
+
+    def inflight_after_start(ramp_idle_s):
+        ctl = _Fixed(12)
+        run_virtual(scenario, 1230.0, ctl, seed=1, ramp_idle_s=ramp_idle_s)
+        return [o.batch_inflight for o in ctl.seen[1199:1230]]
+
+    ramped = inflight_after_start(None)  # the gateway's default
+    assert ramped[0] == 0
+    assert ramped[2] <= 3 and ramped[11] <= 7 and max(ramped) == 12
+    assert all(b - a <= 2 for a, b in zip(ramped, ramped[1:], strict=False))
+    at_once = inflight_after_start(0.0)
+    assert at_once[0] == 0 and max(at_once[:3]) == 12

@@ -19,7 +19,10 @@ A raise is ramped (`ramp_per_s`, like HAProxy's `slowstart`): one more is let in
 and the limit climbs from there to the new allowance at that many requests a second. Every
 batch request starts with a long prefill, and many let in at once prefill together and
 stall chat for seconds; the ramp spreads them out, so a controller can give back in one
-write what it took in one.
+write what it took in one. The same holds for a batch job that starts, or comes back, into
+an allowance it left unused: once the limit has stood over what runs, with nobody waiting,
+for `Ramp.idle_s`, it falls back to what runs and climbs from there as after a raise (TCP's
+restart after idle, RFC 5681 §4.1). A job that keeps its allowance full never sees it.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class Ramp:
     per_s: float = 0.0  # 0: a raise takes effect at once
     start: float = 0.0  # the limit at t0, where the climb began
     t0: float = 0.0
+    # A limit unused this long, with nobody waiting, falls back to what runs (0: never).
+    idle_s: float = 0.0
+    unused_since: float | None = None
 
     def limit(self, target: int, now: float) -> int:
         """How many may be in flight at `now` on the way to `target`."""
@@ -89,6 +95,20 @@ class Ramp:
             return None
         return self.t0 + (limit + 1 - self.start) / self.per_s
 
+    def observe(self, target: int, now: float, inflight: int, waiting: bool) -> None:
+        """What runs at `now`, and whether any wait: a limit over what runs, with nobody
+        waiting, for `idle_s`, falls back to one over what runs and climbs from there."""
+        if self.per_s <= 0 or self.idle_s <= 0:
+            return
+        limit = self.limit(target, now)
+        if waiting or inflight >= limit:
+            self.unused_since = None
+        elif self.unused_since is None:
+            self.unused_since = now
+        elif now - self.unused_since >= self.idle_s and inflight + 1 < limit:
+            self.start = float(inflight + 1)
+            self.t0 = now
+
     def retarget(self, before: int, target: int, now: float, inflight: int) -> None:
         """A new target at `now`, `before` being the limit until then. A raise lets one more
         in at once and climbs from there (or from what runs); a cut is at once."""
@@ -102,7 +122,9 @@ class Allowance:
     `now` is monotonic seconds (for the lease), `wall` is unix seconds (for what is shown).
     """
 
-    def __init__(self, default: int, ceiling: int, ramp_per_s: float = 0.0) -> None:
+    def __init__(
+        self, default: int, ceiling: int, ramp_per_s: float = 0.0, ramp_idle_s: float = 0.0
+    ) -> None:
         self.default = default
         self.ceiling = ceiling
         self.value = default
@@ -110,7 +132,7 @@ class Allowance:
         self.lease_expires_at: float | None = None  # unix seconds, for readers
         self.reason: str | None = None
         self.set_at: float | None = None
-        self.ramp = Ramp(ramp_per_s, float(default))
+        self.ramp = Ramp(ramp_per_s, float(default), idle_s=ramp_idle_s)
 
     @property
     def ramp_per_s(self) -> float:
@@ -119,6 +141,11 @@ class Allowance:
     def limit(self, now: float) -> int:
         """How many may be in flight at `now`: the allowance, or its ramp toward it."""
         return self.ramp.limit(self.value, now)
+
+    def observe(self, now: float, inflight: int, waiting: bool) -> None:
+        """What runs and whether any wait (`Ramp.observe`): an allowance left unused
+        ramps again."""
+        self.ramp.observe(self.value, now, inflight, waiting)
 
     def next_rise(self, now: float) -> float | None:
         """When the ramp next lets one more in (monotonic seconds); None when not ramping."""
@@ -205,6 +232,8 @@ class ClassGate:
         return None if self.allowance is None else self.allowance.limit(self.clock())
 
     def _has_room(self) -> bool:
+        if self.allowance is not None:
+            self.allowance.observe(self.clock(), self.inflight, bool(self._queue))
         limit = self.limit()
         if limit is not None and self.inflight >= limit:
             return False
@@ -273,6 +302,8 @@ class ClassGate:
 
     def wake(self) -> None:
         """Admit waiters, oldest first, while there is room (after a release or a raise)."""
+        if self.allowance is not None:
+            self.allowance.observe(self.clock(), self.inflight, bool(self._queue))
         while self._queue and self._has_room():
             fut = self._queue.popleft()
             holder = self._waiting.pop(fut, None)

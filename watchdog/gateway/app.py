@@ -78,7 +78,10 @@ class Gateway:
             BATCH: ClassGate(
                 BATCH,
                 Allowance(
-                    config.batch_default_allowance, config.batch_ceiling, config.batch_ramp_per_s
+                    config.batch_default_allowance,
+                    config.batch_ceiling,
+                    config.batch_ramp_per_s,
+                    config.batch_ramp_idle_s,
                 ),
                 config.max_queue_wait_s,
                 config.max_queued,

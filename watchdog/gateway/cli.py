@@ -24,6 +24,7 @@ from llm_watchdog.durations import parse_duration
 from llm_watchdog.errors import EX_CONFIG, EXIT_FAILURE
 from llm_watchdog.gateway.config import (
     CLASSES,
+    DEFAULT_BATCH_RAMP_IDLE_S,
     DEFAULT_BATCH_RAMP_PER_S,
     ENGINE_SLOTS_AUTO,
     TOKEN_ENV,
@@ -197,6 +198,13 @@ def _env_name(param_name: str) -> str:
     help="Batch requests let in per second after a raise (0: all at once).",
 )
 @click.option(
+    "--batch-ramp-idle",
+    default=f"{DEFAULT_BATCH_RAMP_IDLE_S:g}s",
+    show_default=True,
+    callback=_duration,
+    help="A batch allowance left unused this long ramps again when the job comes back (0: never).",
+)
+@click.option(
     "--preempt-batch",
     is_flag=True,
     help="A cut of the batch allowance ends the newest batch requests in flight over it "
@@ -292,6 +300,7 @@ def gateway(
     max_queue_wait: float,
     max_queued: int,
     batch_ramp: float,
+    batch_ramp_idle: float,
     preempt_batch: bool,
     engine_slots: int,
     priorities: tuple[str, ...],
@@ -334,6 +343,7 @@ def gateway(
             max_queue_wait_s=max_queue_wait,
             max_queued=max_queued,
             batch_ramp_per_s=batch_ramp,
+            batch_ramp_idle_s=batch_ramp_idle,
             preempt_batch=preempt_batch,
             engine_slots=engine_slots,
             priorities=_priorities(priorities),

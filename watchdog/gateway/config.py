@@ -23,6 +23,10 @@ CLASSES = (CHAT, BATCH)
 TOKEN_ENV = "LLM_WATCHDOG_GATEWAY_TOKEN"
 # One batch request let in every 2 s after a raise; the heat lab's gateway uses it too.
 DEFAULT_BATCH_RAMP_PER_S = 0.5
+# An allowance batch has left unused this long, with nobody waiting, ramps again: longer than
+# the moment between one request ending and its stream sending the next, far shorter than a
+# job's pause between runs.
+DEFAULT_BATCH_RAMP_IDLE_S = 10.0
 # Engine slots kept free of batch for chat, at most an eighth of them: 4 is a rounding
 # error on a 256-slot vLLM and all of a 4-slot llama.cpp server.
 SLOTS_KEPT_FOR_CHAT = 4
@@ -48,6 +52,9 @@ class GatewayConfig:
     # After a raise, batch in flight climbs to the new allowance at this many requests a
     # second, from what runs: many long prefills started at once stall chat (0: at once).
     batch_ramp_per_s: float = DEFAULT_BATCH_RAMP_PER_S
+    # ... and so does a job that starts, or comes back, into an allowance it left unused this
+    # long with nobody waiting: the limit falls back to what runs (0: never).
+    batch_ramp_idle_s: float = DEFAULT_BATCH_RAMP_IDLE_S
     # Batch requests waiting at once; one more is rejected at once (memory stays bounded).
     max_queued: int = 1024
     # A cut of the batch allowance under what runs ends the newest batch requests in flight
@@ -128,6 +135,11 @@ class GatewayConfig:
             raise ValueError(
                 f"batch_ramp_per_s must be >= 0 requests a second (0: no ramp), "
                 f"got {self.batch_ramp_per_s}"
+            )
+        if not _is_seconds(self.batch_ramp_idle_s):
+            raise ValueError(
+                f"batch_ramp_idle_s must be >= 0 seconds (0: never ramp again), "
+                f"got {self.batch_ramp_idle_s}"
             )
         if not isinstance(self.preempt_batch, bool):
             raise ValueError(f"preempt_batch must be true or false, got {self.preempt_batch!r}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_watchdog.gateway.config import DEFAULT_BATCH_RAMP_PER_S
+from llm_watchdog.gateway.config import DEFAULT_BATCH_RAMP_IDLE_S, DEFAULT_BATCH_RAMP_PER_S
 from llm_watchdog.models import GpuSample
 from llm_watchdog.sim.controllers import (
     Controller,
@@ -164,6 +164,7 @@ def run_virtual(
     batch_streams: int | None = None,
     warmup_s: float = 0.0,
     ramp_per_s: float | None = None,
+    ramp_idle_s: float | None = None,
     preempt: bool = False,
     hold_slots: bool = False,
 ) -> RunResult:
@@ -172,7 +173,9 @@ def run_virtual(
     thermal=False holds the card at its starting temperature (the "cool" case of a sweep).
     batch_streams overrides the batch job's demand. TTFT figures and SLO windows leave out
     chat that arrived in the first `warmup_s` seconds. ramp_per_s is the gateway's batch ramp
-    after a raise (None: the gateway's default; 0: a raise lets batch in at once). preempt: the
+    after a raise (None: the gateway's default; 0: a raise lets batch in at once), ramp_idle_s
+    how long an allowance left unused waits before it ramps again (None: the gateway's
+    default; 0: never). preempt: the
     gateway ends the newest batch requests over a lowered allowance; their output tokens are
     lost and not counted in the batch throughput. hold_slots: the gateway holds batch under
     the engine's slots less a few kept for chat (`--engine-slots`).
@@ -186,6 +189,7 @@ def run_virtual(
         )
     world = World(scenario, seed=seed, thermal=thermal, preempt=preempt, hold_slots=hold_slots)
     world.ramp.per_s = DEFAULT_BATCH_RAMP_PER_S if ramp_per_s is None else ramp_per_s
+    world.ramp.idle_s = DEFAULT_BATCH_RAMP_IDLE_S if ramp_idle_s is None else ramp_idle_s
     ctx = ControllerContext(
         slo,
         scenario.batch.streams,

@@ -276,9 +276,14 @@ class World:
     def poll(self, now_s: float) -> None:
         """Send the batch requests that are due and have room under the allowance."""
         self.advance(now_s)
+        self._batch_due.sort()
+        if self.allowance is not None:
+            # Requests due only now have not waited: the job starting this instant is what
+            # a long-unused limit is ramped for.
+            waiting = bool(self._batch_due) and self._batch_due[0] < now_s
+            self.ramp.observe(self.allowance, now_s, len(self._batch_inflight), waiting)
         if not self._batch_due:
             return
-        self._batch_due.sort()
         rate = self.scenario.batch.max_requests_per_s
         while self._batch_due and self._batch_due[0] <= now_s and self._batch_room() > 0:
             if rate > 0:
