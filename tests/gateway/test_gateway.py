@@ -529,6 +529,8 @@ def test_a_batch_job_starting_into_an_idle_allowance_is_let_in_at_the_ramp(
     engine.release("a")  # the job goes quiet with its allowance of 4 unused
     assert first.join().status == 200
     time.sleep(0.5)
+    state = batch_state(http, gw)
+    assert (state["ramp_per_s"], state["ramp_idle_s"]) == (5.0, 0.3)
     started = time.monotonic()
     job = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(4)]
     wait_for(lambda: engine.count("open") == 4, what="the job's four streams let in by the ramp")
