@@ -138,6 +138,10 @@ class Allowance:
     def ramp_per_s(self) -> float:
         return self.ramp.per_s
 
+    @property
+    def ramp_idle_s(self) -> float:
+        return self.ramp.idle_s
+
     def limit(self, now: float) -> int:
         """How many may be in flight at `now`: the allowance, or its ramp toward it."""
         return self.ramp.limit(self.value, now)
@@ -231,9 +235,12 @@ class ClassGate:
         """How many may be in flight now (None: no limit)."""
         return None if self.allowance is None else self.allowance.limit(self.clock())
 
-    def _has_room(self) -> bool:
+    def _observe(self) -> None:
+        """Tell the allowance what runs and whether any wait, before admitting anyone."""
         if self.allowance is not None:
             self.allowance.observe(self.clock(), self.inflight, bool(self._queue))
+
+    def _has_room(self) -> bool:
         limit = self.limit()
         if limit is not None and self.inflight >= limit:
             return False
@@ -247,6 +254,7 @@ class ClassGate:
     def try_acquire(self, holder: Holder | None = None) -> bool:
         """Take a place if one is free and nobody waits for it: the part of `acquire()`
         that never waits, for a caller that runs without a task of its own."""
+        self._observe()
         if self._has_room() and not self._queue:
             self._admit(holder)
             return True
@@ -302,8 +310,7 @@ class ClassGate:
 
     def wake(self) -> None:
         """Admit waiters, oldest first, while there is room (after a release or a raise)."""
-        if self.allowance is not None:
-            self.allowance.observe(self.clock(), self.inflight, bool(self._queue))
+        self._observe()
         while self._queue and self._has_room():
             fut = self._queue.popleft()
             holder = self._waiting.pop(fut, None)

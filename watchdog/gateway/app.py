@@ -314,7 +314,7 @@ class Gateway:
             "admitting": gate.limit(),
             "ramp_per_s": None if a is None else a.ramp_per_s,
             # An allowance left unused this long, with nobody waiting, ramps again (0: never).
-            "ramp_idle_s": None if a is None else a.ramp.idle_s,
+            "ramp_idle_s": None if a is None else a.ramp_idle_s,
             "default_allowance": None if a is None else a.default,
             "ceiling": None if a is None else a.ceiling,
             "inflight": gate.inflight,

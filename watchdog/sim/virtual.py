@@ -173,12 +173,12 @@ def run_virtual(
     thermal=False holds the card at its starting temperature (the "cool" case of a sweep).
     batch_streams overrides the batch job's demand. TTFT figures and SLO windows leave out
     chat that arrived in the first `warmup_s` seconds. ramp_per_s is the gateway's batch ramp
-    after a raise (None: the gateway's default; 0: a raise lets batch in at once), ramp_idle_s
+    after a raise (None: the gateway's default; 0: a raise lets batch in at once); ramp_idle_s
     how long an allowance left unused waits before it ramps again (None: the gateway's
-    default; 0: never). preempt: the
-    gateway ends the newest batch requests over a lowered allowance; their output tokens are
-    lost and not counted in the batch throughput. hold_slots: the gateway holds batch under
-    the engine's slots less a few kept for chat (`--engine-slots`).
+    default; 0: never). preempt: the gateway ends the newest batch requests over a lowered
+    allowance; their output tokens are lost and not counted in the batch throughput.
+    hold_slots: the gateway holds batch under the engine's slots less a few kept for chat
+    (`--engine-slots`).
     """
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else scenario.duration_s)
