@@ -95,12 +95,10 @@ def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: floa
         hold_slots=True,
         ramp_idle_s=idle_s,
     )
-    after = [v for t, v in rec.samples if any(a <= t < a + 60.0 for a in starts)]
+    minutes = [[v for t, v in rec.samples if a <= t < a + 60.0] for a in starts]
+    after = [v for m in minutes for v in m]
     slo = s.slo_chat_ttft_p95_ms
-    bad_after = 0
-    for a in starts:
-        v = [x for t, x in rec.samples if a <= t < a + 60.0]
-        bad_after += bool(v) and quantile(v, 0.95) > slo
+    bad_after = sum(1 for m in minutes if m and quantile(m, 0.95) > slo)
     att = r.slo_attainment if r.slo_attainment is not None else math.nan
     return {
         "after": after,
