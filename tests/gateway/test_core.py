@@ -268,6 +268,33 @@ def test_after_a_raise_the_gate_lets_waiters_in_one_at_a_time() -> None:
     assert took >= 2 / 20.0 - 1e-6  # no sooner than the ramp allows
 
 
+def test_the_ramp_alone_holds_back_only_places_the_allowance_has_room_for() -> None:
+    a = Allowance(default=1, ceiling=64, ramp_per_s=0.5)
+    a.set(8, None, "", now=100.0, wall=0.0, inflight=1)  # limit 2 at once, then +1 every 2 s
+    assert a.limit(100.0) == 2
+    assert a.paced_until(2, 100.0) is None  # the limit already lets the second in
+    assert a.paced_until(3, 100.0) == pytest.approx(102.0)
+    assert a.paced_until(8, 101.0) == pytest.approx(112.0)
+    assert a.paced_until(9, 100.0) is None  # over the allowance: no room, not pacing
+    assert a.paced_until(8, 112.0) is None  # the climb is over
+    assert Allowance(default=4, ceiling=8).paced_until(3, 0.0) is None  # no ramp
+
+
+def test_a_waiter_the_ramp_holds_is_not_turned_away_at_max_queue_wait() -> None:
+    async def scenario() -> list[str]:
+        a = Allowance(default=1, ceiling=64, ramp_per_s=10.0)  # one every 100 ms
+        gate = ClassGate("batch", allowance=a, max_queue_wait_s=0.05, max_queued=100)
+        await gate.acquire()
+        waiters = [asyncio.ensure_future(gate.acquire()) for _ in range(4)]
+        await asyncio.sleep(0)
+        a.set(4, None, "", time.monotonic(), 0.0, gate.inflight)
+        gate.wake()  # one let in at once; the ramp paces two more over 200 ms
+        return list(await asyncio.wait_for(asyncio.gather(*waiters), 5.0))
+
+    # The fourth waiter has no room in the allowance of 4: it waits 50 ms and leaves.
+    assert asyncio.run(scenario()) == ["admitted", "admitted", "admitted", "timeout"]
+
+
 @pytest.mark.parametrize(
     ("slots", "line"), [(0, None), (1, 1), (4, 4), (8, 7), (16, 14), (64, 60), (256, 252)]
 )

@@ -541,6 +541,32 @@ def test_a_batch_job_starting_into_an_idle_allowance_is_let_in_at_the_ramp(
         assert request.join().status == 200
 
 
+def test_a_job_the_idle_ramp_paces_is_not_turned_away_but_one_over_its_allowance_is(
+    engine: FakeEngine,
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+) -> None:
+    gw = make_gateway(
+        batch_default_allowance=4,
+        batch_ramp_per_s=4.0,
+        batch_ramp_idle_s=0.2,
+        max_queue_wait_s=0.3,
+    )
+    time.sleep(0.4)  # the allowance of 4 stands unused: the job's streams are ramped
+    started = time.monotonic()
+    job = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(4)]
+    wait_for(lambda: engine.count("open") >= 1)
+    over = http.post(gw.url + CHAT_URL, json=chat_body(), headers=batch_headers())
+    assert over.status_code == 429  # a fifth has no room in the allowance: it waits 0.3 s
+    # The ramp lets one in every 0.25 s: the fourth waits 0.75 s, past the queue wait, and
+    # is let in all the same.
+    wait_for(lambda: engine.count("open") == 4, what="the job's four streams let in by the ramp")
+    assert time.monotonic() - started >= 3 / 4.0 - 0.01
+    engine.release("b")
+    for request in job:
+        assert request.join().status == 200
+
+
 def test_batch_is_held_under_the_engine_slots_chat_holds_and_let_in_as_chat_finishes(
     engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
 ) -> None:

@@ -95,6 +95,12 @@ class Ramp:
             return None
         return self.t0 + (limit + 1 - self.start) / self.per_s
 
+    def reaches(self, n: int, target: int, now: float) -> float:
+        """When the limit reaches `n` (≤ `target`) on this climb: `now` if it already has."""
+        if self.per_s <= 0 or self.limit(target, now) >= min(n, target):
+            return now
+        return self.t0 + (n - self.start) / self.per_s
+
     def observe(self, target: int, now: float, inflight: int, waiting: bool) -> None:
         """What runs at `now`, and whether any wait: a limit over what runs, with nobody
         waiting, for `idle_s`, falls back to one over what runs and climbs from there."""
@@ -154,6 +160,16 @@ class Allowance:
     def next_rise(self, now: float) -> float | None:
         """When the ramp next lets one more in (monotonic seconds); None when not ramping."""
         return self.ramp.next_rise(self.value, now)
+
+    def paced_until(self, place: int, now: float) -> float | None:
+        """When the ramp lets in the one that would be in flight as number `place` (1 = the
+        first), if the ramp alone holds it back at `now`: the allowance has room for it and
+        the limit has not reached it yet. None when it is the allowance itself that is full,
+        or nothing holds it."""
+        limit = self.limit(now)
+        if limit >= place or place > self.value:
+            return None
+        return self.ramp.reaches(place, self.value, now)
 
     def _retarget(self, value: int, now: float, inflight: int) -> None:
         self.ramp.retarget(self.limit(now), value, now, inflight)
@@ -225,7 +241,12 @@ class ClassGate:
         self._holders: dict[Holder, None] = {}
         # Who waits behind each future that named itself, so a grant registers it at once.
         self._waiting: dict[asyncio.Future[bool], Holder] = {}
+        # Each waiter's deadline: --max-queue-wait, moved on while the ramp alone holds it.
+        self._deadlines: dict[asyncio.Future[bool], asyncio.TimerHandle] = {}
         self._ramp_timer: asyncio.TimerHandle | None = None
+        # The allowance stands unused from the start: a job that comes once the gateway has
+        # run `--batch-ramp-idle` is ramped as one that comes back.
+        self._observe()
 
     @property
     def queued(self) -> int:
@@ -283,7 +304,7 @@ class ClassGate:
         if holder is not None:
             self._waiting[fut] = holder
         self._arm_ramp()
-        timer = loop.call_later(wait_s, self._give_up, fut)
+        self._deadlines[fut] = loop.call_later(wait_s, self._give_up, fut, wait_s)
         try:
             granted = await fut
         except asyncio.CancelledError:
@@ -293,7 +314,9 @@ class ClassGate:
                 self._discard(fut)
             raise
         finally:
-            timer.cancel()
+            timer = self._deadlines.pop(fut, None)
+            if timer is not None:
+                timer.cancel()
         return "admitted" if granted else "timeout"
 
     def release(self, holder: Holder | None = None) -> None:
@@ -360,10 +383,27 @@ class ClassGate:
             self._ramp_timer.cancel()
             self._ramp_timer = None
 
-    def _give_up(self, fut: asyncio.Future[bool]) -> None:
-        if not fut.done():
-            self._discard(fut)
-            fut.set_result(False)
+    def _give_up(self, fut: asyncio.Future[bool], wait_s: float) -> None:
+        """A waiter's wait has run out: it leaves the line, unless the ramp alone holds it.
+
+        The ramp's pacing is the gateway's own, not a lack of room: a job of 64 streams that
+        starts into an allowance of 64 at 0.5 a second is let in over two minutes, and
+        turning away all but the first 15 after 30 s would fail them at the client after
+        its retries. Such a waiter waits for its turn on the ramp, then up to `wait_s` more.
+        """
+        if fut.done():
+            return
+        paced = None
+        if self.allowance is not None and fut in self._queue and (self.room is None or self.room()):
+            place = self.inflight + 1 + self._queue.index(fut)
+            paced = self.allowance.paced_until(place, self.clock())
+        if paced is not None:
+            delay = max(0.0, paced - self.clock()) + wait_s
+            loop = asyncio.get_running_loop()
+            self._deadlines[fut] = loop.call_later(delay, self._give_up, fut, wait_s)
+            return
+        self._discard(fut)
+        fut.set_result(False)
 
     def _discard(self, fut: asyncio.Future[bool]) -> None:
         self._waiting.pop(fut, None)

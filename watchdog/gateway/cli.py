@@ -187,7 +187,12 @@ def _env_name(param_name: str) -> str:
 @click.option("--batch-allowance", type=int, default=8, show_default=True)
 @click.option("--batch-ceiling", type=int, default=64, show_default=True)
 @click.option(
-    "--max-queue-wait", default="30s", show_default=True, callback=_duration, help="e.g. 30s, 2m."
+    "--max-queue-wait",
+    default="30s",
+    show_default=True,
+    callback=_duration,
+    help="How long a batch request waits for room before a 429 (the ramp's pacing does "
+    "not count), e.g. 30s, 2m.",
 )
 @click.option("--max-queued", type=int, default=1024, show_default=True)
 @click.option(

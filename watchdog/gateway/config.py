@@ -48,6 +48,8 @@ class GatewayConfig:
     key_classes: Mapping[str, str] = field(default_factory=dict, repr=False)
     batch_default_allowance: int = 8
     batch_ceiling: int = 64
+    # How long a batch request waits for room before a 429; time the ramp alone holds it
+    # back (the allowance has room, the climb has not reached it) does not count.
     max_queue_wait_s: float = 30.0
     # After a raise, batch in flight climbs to the new allowance at this many requests a
     # second, from what runs: many long prefills started at once stall chat (0: at once).
