@@ -15,6 +15,12 @@ p95 and worst over the minute after each start (pooled over seeds), 1-minute win
 target in those minutes and in the whole run, and batch tokens per second.
 
     .venv/bin/python tests/benchmarks/bench_ramp_idle.py [--seeds 0,1,2,3,4] [--fast]
+
+`--rates` asks how fast a ramp is safe instead: the job-start variants of three cards, a
+static allowance of the job's size, at `--batch-ramp` 0.5, 1, 2 and 4 a second and all at
+once (docs/gateway.md, "Ramped again after idle").
+
+    .venv/bin/python tests/benchmarks/bench_ramp_idle.py --rates --seeds 0,1
 """
 
 from __future__ import annotations
@@ -108,12 +114,54 @@ def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: floa
     }
 
 
+def first_minute(s: Scenario, start: float, spec: str, seed: int, ramp_per_s: float) -> list[float]:
+    """Chat TTFTs of the minute after `start`, the job let in at `ramp_per_s`."""
+    rec = bc.make(spec, s)
+    run_virtual(
+        s,
+        s.duration_s,
+        rec,
+        seed=seed,
+        warmup_s=bc.WARMUP_S,
+        hold_slots=True,
+        ramp_per_s=ramp_per_s,
+    )
+    return [v for t, v in rec.samples if start <= t < start + 60.0]
+
+
+def rates(seeds: list[int]) -> None:
+    print(
+        f"{'card':20s} {'slots':>5s} {'allowance':>9s} {'ramp/s':>6s} {'p95 1st min':>11s} "
+        f"{'minutes over':>12s}"
+    )
+    for name in ("datacenter", "workstation", "consumer-warm-room"):
+        s = load_scenario(name)
+        s, starts = job_start(dataclasses.replace(s, duration_s=START_S + 600.0))
+        streams = max(e.batch_streams or 0 for e in s.schedule)
+        for per_s in (0.5, 1.0, 2.0, 4.0, 0.0):
+            minutes = [
+                first_minute(s, starts[0], f"static:{streams}", seed, per_s) for seed in seeds
+            ]
+            after = [v for m in minutes for v in m]
+            over = sum(1 for m in minutes if m and quantile(m, 0.95) > s.slo_chat_ttft_p95_ms)
+            label = f"{per_s:g}" if per_s > 0 else "at once"
+            print(
+                f"{name:20s} {s.engine.max_running_seqs:5d} {streams:9d} {label:>6s} "
+                f"{quantile(after, 0.95):9.0f}ms {over:6d} of {len(seeds)}",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--fast", action="store_true", help="two variant scenarios, not four")
+    ap.add_argument("--rates", action="store_true", help="how fast a ramp is safe, per card")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
+    if args.rates:
+        rates(seeds)
+        return
     print(
         f"{'scenario':34s} {'allowance':9s} {'idle':>5s} {'p95 1st min':>11s} {'worst':>7s} "
         f"{'bad 1st':>7s} {'bad run':>7s} {'tok/s':>7s}"
