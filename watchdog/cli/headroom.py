@@ -22,10 +22,36 @@ from llm_watchdog.control.headroom import (
     row_for,
     thermal_state,
 )
+from llm_watchdog.durations import parse_duration
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.headroom import probe_states, probes_without_load
 
 DEFAULT_SINCE = "7d"
+
+
+class TargetMs(click.ParamType):
+    """A chat target in milliseconds: a duration with its unit (400ms, 1.5s), as `report
+    --target` takes it, or a plain number, read as milliseconds."""
+
+    name = "target"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)):
+            ms = float(value)
+        else:
+            text = str(value).strip()
+            try:
+                ms = float(text)
+            except ValueError:
+                try:
+                    ms = parse_duration(text) * 1000.0
+                except ValueError as exc:
+                    self.fail(f"{exc}, or a plain number of milliseconds (400)")
+        if not ms >= 1.0 or ms == float("inf"):
+            self.fail(f"{value!r} is under 1 ms or not a finite time: give e.g. 400ms or 1.5s")
+        return ms
 
 
 def stored_map(store: Store, since_ts: float, target_ms: float) -> list[StateRow]:
@@ -73,9 +99,10 @@ def status_line(store: Store, target_ms: float, now_ts: float) -> tuple[str, dic
 @click.option(
     "--target",
     "target_ms",
-    type=click.FloatRange(min=1.0),
+    type=TargetMs(),
     default=None,
-    help="Chat p95 TTFT target in ms (default: control.target_p95).",
+    help="Chat p95 TTFT target: 400ms, 1.5s, or a plain number of ms (default: "
+    "control.target_p95).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per thermal state.")
 @click.pass_context
