@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -293,6 +294,33 @@ def test_a_burst_of_failed_probes_is_probes_failing_not_a_latency_shift() -> Non
     assert index_of(opened) == 352  # the third failure in a row
     assert index_of(closed) == 374  # the fifth success after the burst
     assert "Canary probes failing" in opened.message
+
+
+def test_a_failing_event_left_open_by_an_earlier_run_carries_on_and_resolves() -> None:
+    # The first run saw the server down and stopped with the event open.
+    (left,) = of_kind(run(trace(5, seed=3, ok=False)), "probes_failing", "opened")
+    mon = DriftMonitor(DriftConfig())
+    assert mon.adopt(left, same_runtime=False)
+    ok = [False, False, False, True, True, True, True, True]
+    later = [dataclasses.replace(o, ts=o.ts + 600.0) for o in trace(8, seed=4, ok=ok)]
+    events = run(later, mon)
+    # Still failing: no second event opens; once probes pass, the same event resolves.
+    assert of_kind(events, "probes_failing", "opened") == []
+    (closed,) = of_kind(events, "probes_failing", "closed")
+    assert closed.id == left.id and closed.start_ts == left.start_ts
+    assert index_of(closed) == 60 + 7  # the fifth success
+    assert mon.state().open_events == []
+
+
+def test_a_latency_event_left_open_is_not_taken_over() -> None:
+    mon = DriftMonitor(DriftConfig())
+    left = DriftEvent(
+        id="latency-1", serial=1, kind="latency", change="opened", start_ts=T0,
+        end_ts=None, cause="thermal", baseline_p95_ms=800.0, peak_p95_ms=2000.0,
+    )  # fmt: skip
+    # Its detector's sums are gone: the caller closes it.
+    assert not mon.adopt(left, same_runtime=True)
+    assert mon.state().open_events == []
 
 
 def test_one_wrong_answer_is_noted_a_sustained_rise_is_a_quality_event() -> None:

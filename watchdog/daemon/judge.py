@@ -7,15 +7,21 @@ daemon only hands it what it measured. The monitor is the same code `replay` run
 from __future__ import annotations
 
 import logging
+from collections import Counter, deque
+from dataclasses import replace
 from typing import Any
 
 from llm_watchdog.alerts import AlertEvent
 from llm_watchdog.drift import DriftEvent, DriftMonitor, observation_from
+from llm_watchdog.drift.messages import closed_message
 from llm_watchdog.models import GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.store.db import Store
-from llm_watchdog.store.records import active_baseline, save_baseline, save_event
+from llm_watchdog.store.records import active_baseline, open_events, save_baseline, save_event
 
 log = logging.getLogger("llm_watchdog.daemon.judge")
+
+# Why an event left open by an earlier run, and not taken over by this one, ends.
+RESTARTED = "daemon restarted"
 
 # Drift event kinds as the alert rules name them.
 ALERT_KIND = {
@@ -56,6 +62,35 @@ def alert_for(event: DriftEvent) -> AlertEvent | None:
     )
 
 
+# What each failure kind (llm_watchdog.models.ERROR_CLASSES) says about the server, for the
+# "probes failing" alert.
+FAILURE_MEANS = {
+    "connect_refused": "nothing listens at {url}",
+    "connect_timeout": "no connection to {url} within the connect timeout",
+    "first_token_timeout": "{url} accepts the request but sends no token in time",
+    "total_timeout": "answers from {url} do not finish in time",
+    "http_status": "{url} answers with an HTTP error",
+    "protocol_error": "the stream from {url} cannot be read",
+    "server_error": "{url} sends an error inside its stream",
+    "stale_connection": "{url} closes kept-alive connections before answering",
+    "over_length": "answers from {url} run past the probe's bound",
+}
+
+
+def failing_alert(alert: AlertEvent, failures: deque[tuple[str, str]]) -> AlertEvent:
+    """A "probes failing" alert that names the failure most of the recent probes had: the
+    drift monitor counts failures, the probe results say what kind they were."""
+    kinds = Counter(kind for kind, _ in failures)
+    if not kinds:
+        return alert
+    kind, n = kinds.most_common(1)[0]
+    url = next((u for k, u in reversed(failures) if k == kind), "the server")
+    means = FAILURE_MEANS.get(kind, "{url}").format(url=url)
+    share = f"{n} of the last {len(failures)} failures" if len(kinds) > 1 else "every failure"
+    message = f"{alert.message}: {share} {kind}, {means}"
+    return replace(alert, cause=kind, message=message, fields={**alert.fields, "failure": kind})
+
+
 def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
     if ev.kind in ("gpu_lost", "nvml_timeout"):
         state = "firing"
@@ -88,6 +123,8 @@ class Judge:
         self.drift_config = drift_config
         self.monitor = DriftMonitor(drift_config)  # replaced once the fingerprint is known
         self.fingerprint_id: str | None = None
+        # (error class, url) of the latest failed probes, as many as the failure window.
+        self.failures: deque[tuple[str, str]] = deque(maxlen=drift_config.fail_window)
 
     def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
         """Judge against the baseline of this runtime; a change of runtime re-baselines."""
@@ -112,7 +149,50 @@ class Judge:
                 stored.source,
             )
         self._publish(events)
+        if first:
+            self.take_over(ts)
         return events
+
+    def take_over(self, ts: float) -> list[DriftEvent]:
+        """Carry on the events an earlier run left open, or close them, at start-up.
+
+        Like an alert manager: one open event per condition, resolved when the condition
+        clears. The newest open event of a kind the monitor can resume stays open under its
+        id (see DriftMonitor.adopt); every other one (an older duplicate, a latency event
+        whose detector starts over) ends now, "daemon restarted", and keeps its row. Returns
+        the events closed.
+        """
+        closed: list[DriftEvent] = []
+        left = open_events(self.store)
+        newest = {event.kind: event.id for event, _ in left}  # oldest first: the last wins
+        for event, fingerprint_id in left:
+            same = fingerprint_id == self.fingerprint_id
+            if newest[event.kind] == event.id and self.monitor.adopt(event, same_runtime=same):
+                log.info("carrying on %s, open since an earlier run", event.id)
+                continue
+            evidence = dict(event.evidence, ended_because=RESTARTED)
+            end = max(ts, event.start_ts)
+            done = DriftEvent(
+                id=event.id,
+                serial=event.serial,
+                kind=event.kind,
+                change="closed",
+                start_ts=event.start_ts,
+                end_ts=end,
+                cause=event.cause,
+                baseline_p95_ms=event.baseline_p95_ms,
+                peak_p95_ms=event.peak_p95_ms,
+                evidence=evidence,
+                message=closed_message(end - event.start_ts, event.message, RESTARTED),
+                ts=end,
+            )
+            save_event(self.store, done, fingerprint_id)
+            log.warning("%s", done.message)
+            alert = alert_for(done)
+            if alert is not None and self.alerts is not None:
+                self.alerts.submit(alert)
+            closed.append(done)
+        return closed
 
     def observe(
         self,
@@ -127,6 +207,8 @@ class Judge:
     ) -> list[DriftEvent]:
         """Judge one probe beside the GPU it ran on; `temp_target_c` is where that GPU's clocks
         start to fall and `temp_threshold` which threshold that is (nvml.thresholds)."""
+        if not result.ok:
+            self.failures.append((result.error_class or "unknown", result.url))
         obs = observation_from(
             result,
             gpu,
@@ -172,5 +254,7 @@ class Judge:
             if ev.change != "updated":
                 log.warning("%s", ev.message)
             alert = alert_for(ev)
+            if alert is not None and alert.kind == "probes_failing" and alert.state == "firing":
+                alert = failing_alert(alert, self.failures)
             if alert is not None and self.alerts is not None:
                 self.alerts.submit(alert)

@@ -155,6 +155,9 @@ class Daemon:
         self._last_ok_fingerprint: str | None = None
         self._lock = threading.Lock()
         self._judge_lock = threading.Lock()
+        self._identity_lock = threading.Lock()
+        # model = "auto" and the last probe's HTTP status says the model name may be wrong.
+        self._model_suspect = False
         self.alerts = alerts
         self.judge = (
             Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
@@ -205,6 +208,12 @@ class Daemon:
 
     def refresh_identity(self) -> None:
         """Re-read what serves the probes; a change of identity is a cold start."""
+        # The fingerprint job and a probe that just found the model (probe_once) both come
+        # here; one at a time, so a change of identity is recorded once.
+        with self._identity_lock:
+            self._read_identity()
+
+    def _read_identity(self) -> None:
         s = self.settings.server
         info = detect_engine(s.url, api_key=self.api_key, transport=self.transport)
         if info.engine not in ("unreachable",):
@@ -326,6 +335,7 @@ class Daemon:
         prompts = self.probe_set.prompts
         prompt = prompts[self._next_prompt % len(prompts)]
         self._next_prompt += 1
+        self._check_model()
         with self._lock:
             prober = self.prober
         assert prober is not None, "startup() first"
@@ -343,6 +353,12 @@ class Daemon:
         if result.ok:
             self._last_ok_ts = result.ts
             self._last_ok_fingerprint = self.fingerprint_id
+        # vLLM and Ollama answer a model name they do not serve with 404 (some servers 400):
+        # the engine may have been restarted with another model.
+        self._model_suspect = result.error_class == "http_status" and result.http_status in (
+            400,
+            404,
+        )
         steer = self.steer
         result = replace(
             result,
@@ -379,6 +395,29 @@ class Daemon:
         if self.on_probe:
             self.on_probe(result, gpu)
         return result
+
+    def _check_model(self) -> None:
+        """With `model = "auto"`, ask the server for its model before a probe while none is
+        known (the daemon started before the engine finished loading) or while the last probe
+        was refused for its model name; a model found or changed re-reads the identity, so
+        the probe goes out with it instead of failing until the next fingerprint job.
+
+        One GET of /v1/models, bounded by the connect timeout: a server that is still down
+        refuses it at once."""
+        s = self.settings.server
+        if s.model != "auto" or (self.model is not None and not self._model_suspect):
+            return
+        self._model_suspect = False
+        try:
+            model = resolve_model(
+                s.url, self.api_key, self.transport, timeout_s=self.settings.probe.connect_timeout_s
+            )
+        except Exception as exc:  # not up yet; the next probe asks again
+            log.debug("model not resolved yet: %s", exc)
+            return
+        if model != self.model:
+            log.info("the server answers with model %s; re-reading its identity", model)
+            self.refresh_identity()
 
     def serving_gpu(self) -> GpuSample | None:
         """The GPU the probes are judged against: the worst of those serving the engine (the

@@ -80,6 +80,25 @@ class EventBook:
         self.open[kind] = rec
         return rec
 
+    def adopt(self, event: DriftEvent) -> OpenEvent:
+        """Keep an event that an earlier run of the daemon opened and left open: its id and
+        start stay, so the one event resolves when its condition clears."""
+        self.serial += 1
+        rec = OpenEvent(
+            id=event.id,
+            serial=self.serial,
+            kind=event.kind,
+            start_ts=event.start_ts,
+            cause=event.cause,
+            baseline_p95_ms=event.baseline_p95_ms,
+            peak_p95_ms=event.peak_p95_ms,
+            evidence=dict(event.evidence),
+            message=event.message,
+            reported_peak=event.peak_p95_ms,
+        )
+        self.open[event.kind] = rec
+        return rec
+
     def instant(
         self,
         kind: str,

@@ -165,6 +165,31 @@ class DriftMonitor:
             )
         return events
 
+    def adopt(self, event: DriftEvent, *, same_runtime: bool) -> bool:
+        """Take over an open event left by an earlier run (of the daemon, over the same store);
+        `same_runtime`: it was opened under this monitor's fingerprint.
+
+        Kinds whose watcher can pick up where the earlier run stopped carry on under the same
+        id, so one condition stays one event and resolves when it clears: failing probes and
+        the heat warning (neither depends on the baseline; a running monitor keeps them open
+        across a change of runtime too), and a quality event of the same runtime (judged
+        against that runtime's failure rate). False for the rest (a latency event needs the
+        detector's sums, which start over), for a kind already open here, and for an event
+        already closed: the caller closes those.
+        """
+        if event.end_ts is not None or event.kind in self._open:
+            return False
+        if event.kind == "probes_failing":
+            self._failures.is_open = True
+        elif event.kind == "heat_warning":
+            self._heat.is_open = True
+        elif event.kind == "quality" and same_runtime:
+            self._quality.is_open = True
+        else:
+            return False
+        self._book.adopt(event)
+        return True
+
     # -- the main step --------------------------------------------------------------------
 
     def observe(self, obs: Observation) -> list[DriftEvent]:

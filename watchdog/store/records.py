@@ -89,6 +89,30 @@ def events(
     return rows
 
 
+def open_events(store: Store) -> list[tuple[DriftEvent, str | None]]:
+    """Events with no end yet, oldest first, each with the fingerprint it was stored under:
+    what a daemon finds open when it starts."""
+    rows = store.rows("SELECT * FROM drift_events WHERE end_ts IS NULL ORDER BY start_ts, id")
+    out = []
+    for r in rows:
+        event = DriftEvent(
+            id=r["id"],
+            serial=0,
+            kind=r["kind"],
+            change="opened",
+            start_ts=r["start_ts"],
+            end_ts=None,
+            cause=r["cause"] or "unknown",
+            baseline_p95_ms=r["baseline_p95_ms"],
+            peak_p95_ms=r["peak_p95_ms"],
+            evidence=json.loads(r["evidence"] or "{}"),
+            message=r["message"] or "",
+            ts=r["updated_ts"] if r["updated_ts"] is not None else r["start_ts"],
+        )
+        out.append((event, r["fingerprint_id"]))
+    return out
+
+
 def deliveries(store: Store, since_ts: float) -> list[dict[str, Any]]:
     """Final alert deliveries (one row per alert and sink, after its retries), oldest first."""
     return store.rows(
