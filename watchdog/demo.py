@@ -81,6 +81,7 @@ class DemoResult:
     control: bool = True
     static_allowance: int | None = None
     time_scale: float = 1.0  # the card's seconds per demo second
+    log_path: Path | None = None  # the daemon's log, beside the database or in the temp dir
 
 
 class _ScreenSink:
@@ -134,6 +135,7 @@ def run_demo(
         time_scale=opts.time_scale,
     )
     log_file = workdir / "demo.log"
+    result.log_path = log_file
     log_stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
     setup_logging("info", "text", stream=log_stream)
     token_file = workdir / "control-token"
@@ -246,6 +248,10 @@ def run_demo(
         daemon.start_jobs()
         started.append(lambda: daemon.shutdown(timeout_s=5))
         stop.wait(max(0.0, opts.duration_s - lab.now()))
+        # Ctrl-C may end the run before the scenario's later phases: the summary tells only
+        # the phases the run reached (the fans do not come back in a run stopped before).
+        ended = lab.now()
+        result.phases = [p for p in result.phases if p[1] <= ended]
         result.batch = load.stats.as_dict()
     finally:
         for fn in reversed(started):
@@ -427,7 +433,8 @@ def summary(result: DemoResult) -> list[str]:
             "told to retry later (429)"
         )
     db = result.db_path
-    lines.append(f"  database         {db}  (daemon log: {db.parent / 'demo.log'})")
+    log = f"  (daemon log: {result.log_path})" if result.log_path else ""
+    lines.append(f"  database         {db}{log}")
     lines.append(f"  look closer      LLM_WATCHDOG__STORAGE__PATH={db} llm-watchdog drift")
     return lines
 

@@ -43,6 +43,7 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
     Runs the heat lab, the gateway, a batch job and the daemon in this process over real
     HTTP, prints a line per canary probe and a summary. Ctrl-C stops everything.
     """
+    import signal
     import threading
 
     try:
@@ -57,24 +58,40 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
         control=not no_control,
     )
     stop = threading.Event()
+    done = threading.Event()
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
             box["result"] = run_demo(opts, say=lambda s: click.echo(s), stop=stop)
-        except BaseException as exc:
+        except BaseException as exc:  # handed to the main thread, which reports it
             box["error"] = exc
+        finally:
+            done.set()
 
-    # The demo runs on a worker thread so Ctrl-C reaches this one and sets `stop`.
-    worker = threading.Thread(target=work, name="demo")
+    # The demo runs on a worker thread; Ctrl-C, caught here by a handler that only sets
+    # `stop`, ends it, and the worker stops every server and thread it started before it
+    # sets `done`. No KeyboardInterrupt is raised on the first Ctrl-C: one that cuts a
+    # Thread.join short marks the worker as finished while it is still running (the join
+    # then returns at once), and the summary would be read before the worker wrote it. A
+    # second Ctrl-C quits at once; the worker is a daemon thread, so nothing waits for it.
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        click.echo("\nstopping … (Ctrl-C again quits at once)", err=True)
+        stop.set()
+
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
+    worker = threading.Thread(target=work, name="demo", daemon=True)
     worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except KeyboardInterrupt:
-        click.echo("\nstopping …", err=True)
-        stop.set()
-        worker.join()
+        while not done.wait(0.5):
+            pass
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     if "error" in box:
         err = box["error"]
         if isinstance(err, ScenarioError):
