@@ -7,7 +7,11 @@ import tomllib
 from click.testing import CliRunner
 
 from llm_watchdog.cli import cli
-from llm_watchdog.daemon.install import plan_install
+from llm_watchdog.daemon.install import (
+    plan_install,
+    service_cannot_run,
+    unreadable_by_others,
+)
 
 
 def test_install_under_a_root_writes_unit_and_config(tmp_path):
@@ -80,3 +84,51 @@ def test_an_older_installs_token_moves_into_the_credential(tmp_path):
     unit = (tmp_path / "etc/systemd/system/llm-watchdog-gateway.service").read_text()
     # The kept gateway.env names the old file; the unit's credential comes first.
     assert "Environment=LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token" in unit
+
+
+def test_a_system_install_names_the_services_database_in_its_config(tmp_path):
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    config = tomllib.loads((tmp_path / "etc/llm-watchdog/config.toml").read_text())
+    # The CLI has no $STATE_DIRECTORY: without this it looked in root's home.
+    assert config["storage"]["path"] == "/var/lib/llm-watchdog/watchdog.db"
+    user = plan_install(tmp_path, user=True, home=Path("/home/ann"), start=False)
+    assert "path" not in tomllib.loads(user.config_text)["storage"]  # the XDG default
+
+
+def test_the_service_cannot_run_an_interpreter_it_does_not_see():
+    why = service_cannot_run("/home/ann/.local/pipx/venvs/x/bin/python", Path("/usr/lib"))
+    assert why is not None and "/home" in why and "ProtectHome=" in why
+    why = service_cannot_run("/tmp/ci/.venv/bin/python", Path("/usr/lib"))
+    assert why is not None and "PrivateTmp=" in why
+    assert service_cannot_run("/usr/bin/python3", Path("/tmp/x/site-packages/llm_watchdog"))
+    # A user unit sees its owner's home; /tmp is still its own.
+    assert service_cannot_run("/home/ann/.venv/bin/python", Path("/usr/lib"), user=True) is None
+    assert service_cannot_run("/tmp/x/bin/python", Path("/usr/lib"), user=True) is not None
+
+
+def test_a_package_other_users_cannot_read_is_named(tmp_path):
+    package = tmp_path / "venv/lib/llm_watchdog"
+    package.mkdir(parents=True)
+    for folder in (tmp_path, tmp_path / "venv", tmp_path / "venv/lib", package):
+        folder.chmod(0o755)
+    above = unreadable_by_others(tmp_path)  # pytest's own folder may be 0700: not ours
+    assert unreadable_by_others(package) == above
+    (tmp_path / "venv").chmod(0o700)  # a root umask of 077
+    why = unreadable_by_others(package)
+    assert why is not None and f"{tmp_path / 'venv'} is not readable" in why and "0700" in why
+
+
+def test_install_refuses_an_interpreter_the_service_cannot_run(monkeypatch):
+    def no_writes(*args, **kwargs):
+        raise AssertionError("nothing may be written")
+
+    monkeypatch.setattr("llm_watchdog.cli.service.apply", no_writes)
+    monkeypatch.setattr(sys, "executable", "/home/ann/.local/pipx/venvs/llm-watchdog/bin/python")
+    result = CliRunner().invoke(cli, ["install", "--gateway"])
+    assert result.exit_code == 1, result.output
+    assert "ProtectHome=" in result.output and "/opt/llm-watchdog" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    dry = CliRunner().invoke(cli, ["install", "--gateway", "--dry-run"])
+    assert dry.exit_code == 0 and "warning: the service could not run" in dry.output
+    assert "gateway.env: settings to edit" in dry.output

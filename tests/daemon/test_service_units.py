@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 import llm_watchdog
-from llm_watchdog.daemon.install import GATEWAY_UNIT, UNIT_NAME, apply, plan_install
+from llm_watchdog.daemon.install import GATEWAY_UNIT, SYSTEM_DB, UNIT_NAME, apply, plan_install
 from llm_watchdog.store.db import Store
 from tests.helpers.llamacpp import free_port
 from tests.helpers.notify import NotifySocket
@@ -171,6 +171,10 @@ class Service:
             state.mkdir(parents=True)
             os.chown(state, uid, uid)
             environment["STATE_DIRECTORY"] = str(state)
+            # The installed config names the database in this folder as systemd makes it;
+            # here the folder lives under the test's root.
+            assert SYSTEM_DB == f"/var/lib/{spec}/watchdog.db"
+            environment["LLM_WATCHDOG__STORAGE__PATH"] = str(state / "watchdog.db")
         environment.update(env)
         (exec_start,) = _unit_value(unit, "ExecStart")
         argv = [

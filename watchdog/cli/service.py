@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+import llm_watchdog
 from llm_watchdog.alerts import AlertConfigError, load_alerts
 from llm_watchdog.cli.group import (
     ConfigFail,
@@ -21,11 +22,13 @@ from llm_watchdog.cli.group import (
 )
 from llm_watchdog.config import Settings, example_config, load_settings
 from llm_watchdog.daemon.install import (
+    VENV_HINT,
     apply,
     apply_uninstall,
     observability_files,
     plan_install,
     plan_uninstall,
+    service_cannot_run,
 )
 from llm_watchdog.daemon.notify import Notifier
 from llm_watchdog.daemon.service import Daemon, build_alerts
@@ -204,9 +207,16 @@ def _list_observability() -> None:
 )
 def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, root: str) -> None:
     """Install the systemd service (and a config to edit, if there is none) and start it."""
-
-
     rooted = Path(root).resolve() != Path("/")
+    why = service_cannot_run(sys.executable, Path(llm_watchdog.__file__).parent, user_unit)
+    if why and not (dry_run or rooted):
+        hint = "" if user_unit else ", or use `install --user`"
+        raise Fail(
+            f"the service could not run {sys.executable}: {why}; install into a folder it "
+            f"can read, e.g. {VENV_HINT}{hint}"
+        )
+    if why:  # another root, or only printing: the unit may run elsewhere
+        click.echo(f"warning: the service could not run {sys.executable} here: {why}", err=True)
     plan = plan_install(
         Path(root), user=user_unit, start=not (no_start or rooted), gateway=with_gateway
     )
@@ -214,6 +224,8 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
         click.echo(f"# {plan.unit_path}\n{plan.unit_text}")
         for path, text in plan.units.items():
             click.echo(f"# {path}\n{text}")
+        for path in plan.files:
+            click.echo(f"# {path}: settings to edit, if absent")
         for path in plan.secrets:
             click.echo(f"# {path}: a new random secret (mode 0600), if absent")
         if plan.write_config:

@@ -57,6 +57,58 @@ _SYSTEM_ONLY = {
 }
 
 
+# Where a system unit cannot see: ProtectHome= hides the first three, PrivateTmp= gives the
+# service an empty /tmp and /var/tmp of its own.
+_HIDDEN = {
+    Path("/home"): "ProtectHome=",
+    Path("/root"): "ProtectHome=",
+    Path("/run/user"): "ProtectHome=",
+    Path("/tmp"): "PrivateTmp=",
+    Path("/var/tmp"): "PrivateTmp=",
+}
+# The database of a system install: StateDirectory=llm-watchdog. Named in the config it writes,
+# so the CLI, which runs without $STATE_DIRECTORY, reads the service's database.
+SYSTEM_DB = "/var/lib/llm-watchdog/watchdog.db"
+VENV_HINT = (
+    "sudo python3 -m venv /opt/llm-watchdog && sudo /opt/llm-watchdog/bin/pip install . && "
+    "sudo /opt/llm-watchdog/bin/llm-watchdog install"
+)
+
+
+def service_cannot_run(python: str, package_dir: Path, user: bool = False) -> str | None:
+    """Why the unit could not run `python -m llm_watchdog` from `package_dir`, else None.
+
+    A system unit runs under DynamicUser= (a uid in no group) with ProtectHome= and
+    PrivateTmp=: an interpreter or a package in a home folder or /tmp is not there for it,
+    and one in a folder other users cannot read is not readable by it. systemd then fails
+    the start with status 203/EXEC or an ImportError, far from the install that caused it.
+    A user unit runs as its owner and sees its home; only /tmp is its own.
+    """
+    paths = [Path(python), Path(python).resolve(), package_dir.resolve()]
+    for path in paths:
+        for hidden, setting in _HIDDEN.items():
+            if user and setting == "ProtectHome=":
+                continue
+            if path == hidden or hidden in path.parents:
+                return f"{path} is under {hidden}, which the service does not see ({setting})"
+    return None if user else unreadable_by_others(package_dir)
+
+
+def unreadable_by_others(folder: Path) -> str | None:
+    """Why a uid in no group could not read `folder` (DynamicUser=), else None."""
+    for f in (folder.resolve(), *folder.resolve().parents):
+        try:
+            mode = f.stat().st_mode
+        except OSError:
+            continue
+        if mode & 0o005 != 0o005:
+            return (
+                f"{f} is not readable by other users (mode {mode & 0o777:04o}), "
+                "and the service runs as a uid of its own"
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class InstallPlan:
     unit_path: Path
@@ -158,15 +210,18 @@ def plan_install(
         units=units,
         files=files,
         secrets=secret_files,
-        config_text=_config_for(credentials),
+        config_text=_config_for(credentials, user),
     )
 
 
-def _config_for(credentials: dict[str, Path]) -> str:
-    """The example config, naming the credentials the units hand over."""
+def _config_for(credentials: dict[str, Path], user: bool = False) -> str:
+    """The example config, naming the credentials the units hand over and, for a system
+    install, the service's database (a user unit and the CLI share the XDG default)."""
     text = example_config()
     if TOKEN_CREDENTIAL in credentials:
         text = text.replace('token_credential = ""', f'token_credential = "{TOKEN_CREDENTIAL}"', 1)
+    if not user:
+        text = text.replace(f'# path = "{SYSTEM_DB}"', f'path = "{SYSTEM_DB}"', 1)
     return text
 
 
