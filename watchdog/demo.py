@@ -11,9 +11,11 @@ cleanly: every server and thread it started is stopped before it returns.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import os
 import secrets
+import shlex
 import statistics
 import tempfile
 import threading
@@ -82,6 +84,7 @@ class DemoResult:
     static_allowance: int | None = None
     time_scale: float = 1.0  # the card's seconds per demo second
     log_path: Path | None = None  # the daemon's log, beside the database or in the temp dir
+    target_p95_ms: float | None = None  # chat's TTFT p95 target the control loop held to
 
 
 class _ScreenSink:
@@ -133,6 +136,7 @@ def run_demo(
         control=opts.control,
         static_allowance=opts.default_allowance,
         time_scale=opts.time_scale,
+        target_p95_ms=target,
     )
     log_file = workdir / "demo.log"
     result.log_path = log_file
@@ -376,7 +380,9 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     return sorted(steps, key=lambda s: s[0])
 
 
-def summary(result: DemoResult) -> list[str]:
+def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
+    """The closing lines: what the run showed, and commands that look closer at its database.
+    `command` is how this llm-watchdog runs from a shell (a path where it is not on PATH)."""
     warm = [(t, r, g, a) for t, r, g, a in result.probes if r.ok and not r.cold and r.ttft_ms]
     lines = ["", "summary"]
     if result.time_scale != 1:
@@ -435,8 +441,33 @@ def summary(result: DemoResult) -> list[str]:
     db = result.db_path
     log = f"  (daemon log: {result.log_path})" if result.log_path else ""
     lines.append(f"  database         {db}{log}")
-    lines.append(f"  look closer      LLM_WATCHDOG__STORAGE__PATH={db} llm-watchdog drift")
+    lines.extend(follow_ups(result, command))
     return lines
+
+
+def follow_ups(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
+    """Commands to paste that read the run's database. Those that judge chat name the run's
+    target: without it they judge against the config's default (2 s), under which the
+    demo's slow windows (about 500 ms against a 400 ms SLO) count as met."""
+    db = shlex.quote(str(result.db_path))
+    env = f"LLM_WATCHDOG__STORAGE__PATH={db}"
+    lines = [f"  look closer      {env} {command} drift"]
+    if not result.probes or result.started_at <= 0:
+        return lines
+    # From the run's second 0, in local time: the command reads the same run however long
+    # after it is pasted (a `--since 10m` would miss it).
+    since = dt.datetime.fromtimestamp(int(result.started_at)).isoformat()
+    target = f" --target {duration_arg(result.target_p95_ms)}" if result.target_p95_ms else ""
+    lines.append(
+        f"  draw it          {command} report --db {db} --since {since}{target} --out demo.html"
+    )
+    lines.append(f"  headroom         {env} {command} headroom --since {since}{target}")
+    return lines
+
+
+def duration_arg(ms: float) -> str:
+    """A target in milliseconds as `report --target` and `headroom --target` read it."""
+    return f"{ms:.0f}ms" if ms == int(ms) else f"{ms:g}ms"
 
 
 def _time_note(scale: float) -> str:

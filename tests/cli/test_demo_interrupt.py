@@ -90,5 +90,9 @@ def test_ctrl_c_stops_the_demo_and_prints_the_summary(tmp_path):
     (where,) = [line for line in after if line.strip().startswith("database ")]
     assert str(tmp_path / "demo.db") in where
     assert Path(where.split("daemon log: ")[1].rstrip(")")).is_file(), where
+    # The follow-ups judge the run against the demo scenario's chat SLO (400 ms), and run as
+    # pasted: this demo ran as `python -m llm_watchdog`.
+    (draw,) = [line for line in after if line.strip().startswith("draw it ")]
+    assert f"{sys.executable} -m llm_watchdog report" in draw and "--target 400ms" in draw
     # Stopped a few seconds in, the run never reached the fans' return.
     assert not [line for line in after if "fans_back" in line], after

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,5 +101,20 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
         if isinstance(err, ScenarioError):
             raise Fail(str(err)) from None
         raise err
-    for line in summary(box["result"]):
+    for line in summary(box["result"], command=invoked_as()):
         click.echo(line)
+
+
+def invoked_as() -> str:
+    """How a shell runs this llm-watchdog again: the bare name where PATH finds this same
+    executable, else its absolute path. After the quick start (`.venv/bin/llm-watchdog
+    demo`) the venv is not activated, and a bare `llm-watchdog` is not found."""
+    argv0 = sys.argv[0]
+    if os.path.basename(argv0) == "__main__.py":  # python -m llm_watchdog
+        return f"{shlex.quote(sys.executable)} -m llm_watchdog"
+    if not argv0 or not os.path.isfile(argv0):
+        return "llm-watchdog"
+    found = shutil.which("llm-watchdog")
+    if found and os.path.samefile(found, argv0):
+        return "llm-watchdog"
+    return shlex.quote(os.path.abspath(argv0))

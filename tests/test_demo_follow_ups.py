@@ -1,0 +1,89 @@
+"""The demo's closing commands tell the truth about the run: they name its chat target (not
+the config's default 2 s) and run as pasted, also where the venv is not activated."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+
+from click.testing import CliRunner
+
+from llm_watchdog.cli import cli
+from llm_watchdog.cli.lab import invoked_as
+from llm_watchdog.demo import DemoResult, summary
+from llm_watchdog.store.db import Store
+from tests.helpers.builders import probe_result
+
+
+def ran(tmp_path, target_ms: float | None = 400.0) -> DemoResult:
+    now = time.time()
+    return DemoResult(
+        db_path=tmp_path / "demo.db",
+        probes=[(1.0, probe_result(ts=now - 60), None, 4)],
+        started_at=now - 61,
+        target_p95_ms=target_ms,
+    )
+
+
+def command_line(lines: list[str], label: str) -> list[str]:
+    (line,) = [x for x in lines if x.strip().startswith(label)]
+    return shlex.split(line.strip()[len(label) :])
+
+
+def test_every_follow_up_that_judges_chat_names_the_demos_target(tmp_path):
+    lines = summary(ran(tmp_path), command="llm-watchdog")
+    report = command_line(lines, "draw it")
+    room = command_line(lines, "headroom")
+    assert report[:2] == ["llm-watchdog", "report"]
+    assert report[report.index("--target") + 1] == "400ms"
+    assert report[report.index("--db") + 1] == str(tmp_path / "demo.db")
+    assert room[0] == f"LLM_WATCHDOG__STORAGE__PATH={tmp_path / 'demo.db'}"
+    assert room[1:3] == ["llm-watchdog", "headroom"]
+    assert room[room.index("--target") + 1] == "400ms"
+    # The target comes from the run, not from the demo scenario's number written down.
+    other = summary(ran(tmp_path, 250.0), command="llm-watchdog")
+    assert command_line(other, "draw it")[-3:-2] == ["250ms"]
+
+
+def test_the_headroom_follow_up_runs_as_printed_against_the_demos_target(tmp_path):
+    result = ran(tmp_path)
+    with Store(result.db_path) as store:
+        store.record_probe(result.probes[0][1], None)
+    env_arg, _, *args = command_line(summary(result), "headroom")
+    name, value = env_arg.split("=", 1)
+    out = CliRunner().invoke(cli, ["--config", os.devnull, *args], env={name: value}, obj={})
+    assert out.exit_code == 0, out.output
+    assert "chat p95 TTFT target 400 ms" in out.output
+    report = command_line(summary(result), "draw it")[2:]
+    assert report[report.index("--since") + 1].startswith(time.strftime("%Y-"))
+
+
+def test_a_run_with_no_probes_offers_only_what_reads_without_them(tmp_path):
+    lines = summary(DemoResult(db_path=tmp_path / "demo.db", target_p95_ms=400.0))
+    assert command_line(lines, "look closer")[1:] == ["llm-watchdog", "drift"]
+    assert not [x for x in lines if "report" in x or "--target" in x]
+
+
+def test_the_command_is_a_path_where_path_does_not_find_this_executable(tmp_path, monkeypatch):
+    exe = tmp_path / "venv bin" / "llm-watchdog"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(exe), "demo"])
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert shlex.split(invoked_as()) == [str(exe)]
+    # Another llm-watchdog on PATH is not this one: the path still.
+    other = tmp_path / "elsewhere" / "llm-watchdog"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    assert shlex.split(invoked_as()) == [str(exe)]
+    monkeypatch.setenv("PATH", str(exe.parent))
+    assert invoked_as() == "llm-watchdog"
+
+
+def test_the_command_under_python_dash_m_is_python_dash_m(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/x/llm_watchdog/__main__.py", "demo"])
+    assert shlex.split(invoked_as()) == [sys.executable, "-m", "llm_watchdog"]
