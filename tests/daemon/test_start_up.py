@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from llm_watchdog.alerts import AlertConfig, AlertEvent, AlertManager
+from llm_watchdog.alerts.sinks import BaseSink
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import DriftEvent
@@ -202,3 +204,87 @@ def test_the_failing_alert_names_the_failure_when_nothing_listens(db_path):
     (alert,) = [a for a in alerts.submitted if a.kind == "probes_failing"]
     assert alert.state == "firing" and alert.cause == "connect_refused"
     assert f"every failure connect_refused, nothing listens at {dead}" in alert.message
+
+
+class RecordingSink(BaseSink):
+    """Keeps every alert it is sent, across the daemon runs that share it."""
+
+    def __init__(self, name: str = "recording") -> None:
+        super().__init__(name)
+        self.sent: list[AlertEvent] = []
+
+    def send(self, alert: AlertEvent) -> None:
+        self.sent.append(alert)
+
+
+def run_alerting(url: str, db: Path, store: Store, probes: int, sinks: list) -> list:
+    """One daemon run whose alerts go to `sinks` through a manager over the store, as
+    `llm-watchdog run` builds it; every alert is delivered before the run returns."""
+    alerts = AlertManager(sinks, store, AlertConfig(tick_interval_s=None))
+    try:
+        daemon = Daemon(settings_for(url, db), store, alerts=alerts)
+        daemon.startup()
+        try:
+            results = [daemon.probe_once() for _ in range(probes)]
+        finally:
+            daemon.shutdown(timeout_s=2)
+        assert alerts.flush(5)
+    finally:
+        alerts.close()
+    return results
+
+
+def failing_alerts(sink: RecordingSink) -> list[tuple[str, str]]:
+    return [(a.state, a.key) for a in sink.sent if a.kind == "probes_failing"]
+
+
+def test_the_failing_alert_a_restarted_daemon_carries_on_resolves_once(db_path):
+    dead = closed_port_url()
+    sink = RecordingSink()
+    with Store(db_path) as store:
+        assert not any(r.ok for r in run_alerting(dead, db_path, store, 4, [sink]))
+        (first,) = failing_rows(store)
+        key = f"drift:{first['id']}"
+        assert failing_alerts(sink) == [("firing", key)]
+        # Restarted while the server is still down: the same alert, not sent again.
+        assert not any(r.ok for r in run_alerting(dead, db_path, store, 4, [sink]))
+        assert failing_alerts(sink) == [("firing", key)]
+        # Restarted against a server that answers: the one resolved alert reaches the sink.
+        with StreamServer(answer="Paris", engine="vllm") as srv:
+            assert all(r.ok for r in run_alerting(srv.url, db_path, store, 5, [sink]))
+        # Once resolved, a later restart owes nothing.
+        with StreamServer(answer="Paris", engine="vllm") as srv:
+            assert all(r.ok for r in run_alerting(srv.url, db_path, store, 2, [sink]))
+    assert failing_alerts(sink) == [("firing", key), ("resolved", key)]
+    resolved = sink.sent[-1]
+    assert resolved.message.startswith("Resolved after")
+
+
+def test_a_restarted_daemon_resolves_only_at_the_sinks_that_got_the_firing_alert(db_path):
+    dead = closed_port_url()
+    before, added = RecordingSink("before"), RecordingSink("added")
+    with Store(db_path) as store:
+        run_alerting(dead, db_path, store, 4, [before])
+        with StreamServer(answer="Paris", engine="vllm") as srv:
+            run_alerting(srv.url, db_path, store, 5, [before, added])
+        (row,) = failing_rows(store)
+    key = f"drift:{row['id']}"
+    assert failing_alerts(before) == [("firing", key), ("resolved", key)]
+    assert failing_alerts(added) == []
+
+
+def test_an_alerted_event_closed_at_start_up_sends_a_resolved_alert_saying_so(db_path):
+    dead = closed_port_url()
+    sink = RecordingSink()
+    with Store(db_path) as store:
+        run_alerting(dead, db_path, store, 4, [sink])
+        (first,) = failing_rows(store)
+        # A newer failing event left open as well (by an older version, say): the restart
+        # carries that one on and closes the alerted one.
+        save_event(store, event("probes_failing", first["start_ts"] + 60), "fp-old")
+        run_alerting(dead, db_path, store, 1, [sink])
+        closed = store.rows("SELECT end_ts FROM drift_events WHERE id = ?", (first["id"],))
+    key = f"drift:{first['id']}"
+    assert closed[0]["end_ts"] is not None
+    assert failing_alerts(sink) == [("firing", key), ("resolved", key)]
+    assert "(daemon restarted)" in sink.sent[-1].message

@@ -9,6 +9,13 @@ hold back the log line. A worker retries a failed delivery with exponential back
 `record(row)`, or an object with `insert(table, row)`. Failures are logged and recorded,
 never raised.
 
+A restarted daemon carries on the drift events its previous run left open, so the manager
+carries on their alerts: built over a store (a recorder with `rows` and `insert`), it reads
+back from the `alerts` table the firing alerts of events still open that reached a sink
+without a resolved one since (`resume`). Such an event that is still firing sends nothing
+again; when it ends, or is closed at start-up as "daemon restarted", its resolved alert goes
+once to each sink that got the firing one, as an Alertmanager-like tool would send it.
+
 The recorder is called from the worker threads. A store whose SQLite connection belongs to
 one thread can take rows through `MemoryAlertLog` instead and write `drain()` on its own.
 """
@@ -19,7 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,6 +126,13 @@ class _SinkWorker:
             self._items.append(alert)
             self._cond.notify_all()
             return True
+
+    def carry(self, key: str) -> None:
+        """`key`'s firing alert reached this sink before a restart: its resolved one is owed."""
+        with self._cond:
+            self._delivered[key] = None
+            while len(self._delivered) > _DELIVERED_MEMORY:
+                self._delivered.popitem(last=False)
 
     def wait_idle(self, timeout_s: float) -> bool:
         with self._cond:
@@ -227,6 +241,8 @@ class AlertManager:
         self._deliveries: dict[tuple[str, str], int] = {}  # (sink, ok|failed) -> count
         self._ticker: threading.Thread | None = None
         self._started = self._closed = False
+        if hasattr(recorder, "rows") and hasattr(recorder, "insert"):
+            self.resume_from(recorder)
         if start:
             self.start()
 
@@ -243,6 +259,64 @@ class AlertManager:
         if self.config.tick_interval_s:
             self._ticker = threading.Thread(target=self._tick_loop, name="alerts:tick", daemon=True)
             self._ticker.start()
+
+    def resume_from(self, store: Any) -> list[AlertEvent]:
+        """`resume` the firing alerts the store says an earlier run sent and still owes a
+        resolved alert for; none when the store cannot be read (alerting goes on)."""
+        # Imported here: only a manager built over a store reads it, and the alerts package
+        # stays importable without the store's SQLite stack.
+        from llm_watchdog.store.records import owed_resolves
+
+        try:
+            rows = list(owed_resolves(store))
+        except Exception as exc:
+            log.warning("cannot read which alerts an earlier run sent: %s", exc)
+            return []
+        return self.resume(rows)
+
+    def resume(self, rows: Iterable[Mapping[str, Any]]) -> list[AlertEvent]:
+        """Carry on firing alerts sent before a restart, from rows as `owed_resolves` reads
+        them (key, kind, severity, sink, title, message, sent_ts; start_ts and cause when
+        known): the policy counts each as sent, and each named sink that is configured
+        now gets the resolved alert when its event ends. Returns the alerts carried on."""
+        found: dict[str, tuple[AlertEvent, set[str]]] = {}
+        for row in rows:
+            key = row["key"]
+            if key not in found:
+                start = row.get("start_ts")
+                try:
+                    alert = AlertEvent(
+                        key=key,
+                        kind=row["kind"],
+                        state="firing",
+                        ts=float(start if start is not None else row["sent_ts"]),
+                        title=row["title"],
+                        message=row["message"],
+                        cause=row.get("cause"),
+                        severity=row.get("severity"),
+                    )
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("cannot carry on alert %s sent before a restart: %s", key, exc)
+                    continue
+                found[key] = (alert, set())
+            found[key][1].add(row["sink"])
+        carried = []
+        with self._lock:
+            for alert, _ in found.values():
+                self.policy.restore(alert)
+                carried.append(alert)
+        for w in self._workers:
+            for alert, sinks in found.values():
+                if w.sink.name in sinks:
+                    w.carry(alert.key)
+        if carried:
+            log.info(
+                "carrying on %d firing alert%s sent before the restart: %s",
+                len(carried),
+                "" if len(carried) == 1 else "s",
+                ", ".join(a.key for a in carried),
+            )
+        return carried
 
     def submit(self, event: AlertEvent) -> list[AlertEvent]:
         """Decide and queue; returns the alerts queued (possibly none). Never blocks on I/O."""

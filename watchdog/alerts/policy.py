@@ -11,6 +11,8 @@ take the time and return the alerts to send.
   Firing events over the limit are held; when the window has room again, one summary alert
   says how many were held (and how many of those already ended), then alerting goes on.
 - Resolved: a resolved alert is sent when an event ends, only if its firing alert was sent.
+- Carried over: `restore(alert)` takes a firing alert an earlier run of the daemon sent, so
+  the event's later updates stay quiet and its end sends one resolved alert.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ class AlertPolicy:
     def active_keys(self) -> list[str]:
         """Keys of events that fired (sent or held) and have not resolved yet."""
         return list(self._active)
+
+    def restore(self, alert: AlertEvent) -> bool:
+        """Count `alert`, a firing alert sent before a restart, as sent and still active;
+        False when its key is active here already. It takes no room in the rate limit: the
+        window counts what this run sends."""
+        if alert.state != "firing":
+            raise ValueError(f"only a firing alert can be carried over, not {alert.state!r}")
+        if alert.key in self._active:
+            return False
+        self._active[alert.key] = _Active(alert, sent=True)
+        return True
 
     def decide(self, event: AlertEvent, now: float) -> list[AlertEvent]:
         """The alerts to send now for `event` (possibly none), due summaries first."""
