@@ -202,7 +202,8 @@ def test_the_failing_alert_names_the_failure_when_nothing_listens(db_path):
             daemon.shutdown(timeout_s=2)
     assert {r.error_class for r in results} == {"connect_refused"}
     (alert,) = [a for a in alerts.submitted if a.kind == "probes_failing"]
-    assert alert.state == "firing" and alert.cause == "connect_refused"
+    assert alert.state == "firing" and alert.fields["failure"] == "connect_refused"
+    assert alert.cause == "unknown"  # a label Alertmanager matches the resolved alert by
     assert f"every failure connect_refused, nothing listens at {dead}" in alert.message
 
 

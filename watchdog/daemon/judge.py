@@ -88,7 +88,9 @@ def failing_alert(alert: AlertEvent, failures: deque[tuple[str, str]]) -> AlertE
     means = FAILURE_MEANS.get(kind, "{url}").format(url=url)
     share = f"{n} of the last {len(failures)} failures" if len(kinds) > 1 else "every failure"
     message = f"{alert.message}: {share} {kind}, {means}"
-    return replace(alert, cause=kind, message=message, fields={**alert.fields, "failure": kind})
+    # The cause stays the event's: it is a label in Alertmanager, and the resolved alert,
+    # built from the event, must carry the same labels to end the firing one.
+    return replace(alert, message=message, fields={**alert.fields, "failure": kind})
 
 
 def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
