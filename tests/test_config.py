@@ -155,3 +155,98 @@ def test_drift_min_rise_reaches_the_detector(tmp_path):
     assert load_settings(None, env={}).drift_config().min_rise_ms == 20.0
     with pytest.raises(ConfigError, match="min_rise"):
         load_settings(str(write(tmp_path, '[drift]\nmin_rise = "-5ms"\n')), env={})
+
+
+BAD_URLS = [
+    "notaurl",
+    "ftp://x",
+    "http://256.1.1.1:80",
+    "http://h:99999",
+    "http:///v1",
+    "127.0.0.1:8000",
+    "http://a b:80",
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_server_url_the_daemon_cannot_use_is_a_config_error(tmp_path, url):
+    p = write(tmp_path, f"[server]\nurl = {url!r}\n")
+    with pytest.raises(ConfigError, match=r"\[server\] url: expected a URL like http://HOST:PORT"):
+        load_settings(str(p), env={})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000",
+        "https://llm.example/v1",
+        "http://[::1]:8000/v1/",
+        "http://gpu-box:11434",
+    ],
+)
+def test_good_server_urls_load(tmp_path, url):
+    assert settings_from_dict({"server": {"url": url}}, "t.toml").server.url == url
+
+
+def test_a_bad_gateway_url_is_a_config_error_too():
+    with pytest.raises(ConfigError, match=r"\[control\] gateway_url: expected a URL like"):
+        settings_from_dict({"control": {"gateway_url": "localhost:8090"}}, "t.toml")
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_check_config_and_run_both_refuse_a_bad_url_with_exit_78(tmp_path, command):
+    from click.testing import CliRunner
+
+    from llm_watchdog.cli import cli
+
+    p = write(tmp_path, f'[storage]\npath = "{tmp_path / "w.db"}"\n')
+    result = CliRunner().invoke(
+        cli, ["--config", str(p), command], env={"LLM_WATCHDOG__SERVER__URL": "notaurl"}, obj={}
+    )
+    assert result.exit_code == EX_CONFIG, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "LLM_WATCHDOG__SERVER__URL" in line and "[server] url" in line
+    assert "http://HOST:PORT" in line and "start-up failed" not in line
+
+
+def test_a_bad_value_from_the_environment_names_the_variable_not_the_file(tmp_path):
+    p = write(tmp_path, "[probe]\ninterval = '3s'\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(str(p), env={"LLM_WATCHDOG__PROBE__INTERVAL": "banana"})
+    text = str(err.value)
+    assert text.startswith("environment variable LLM_WATCHDOG__PROBE__INTERVAL ([probe] interval)")
+    assert "expected a duration" in text and "'banana'" in text and str(p) not in text
+
+
+def test_a_misspelled_variable_is_named_as_the_unknown_key(tmp_path):
+    p = write(tmp_path, "[probe]\ninterval = '3s'\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(str(p), env={"LLM_WATCHDOG__PROBE__INTERVALL": "5s"})
+    text = str(err.value)
+    assert text.startswith("environment variable LLM_WATCHDOG__PROBE__INTERVALL")
+    assert "unknown key; known keys:" in text and str(p) not in text
+    with pytest.raises(ConfigError) as err:
+        load_settings(str(p), env={"LLM_WATCHDOG__PROBEE__INTERVAL": "5s"})
+    assert str(err.value).startswith("environment variable LLM_WATCHDOG__PROBEE__INTERVAL")
+    assert "unknown section [probee]" in str(err.value)
+
+
+def test_an_error_in_the_file_still_names_the_file_beside_variables(tmp_path):
+    p = write(tmp_path, "[probe]\ninterval = 'soon'\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(str(p), env={"LLM_WATCHDOG__PROBE__JITTER": "2s"})
+    assert str(err.value).startswith(f"{p}: [probe] interval: expected a duration")
+
+
+def test_an_error_across_keys_says_which_variables_took_part(tmp_path):
+    p = write(tmp_path, "[control]\nceiling = 8\n")
+    with pytest.raises(
+        ConfigError, match=r"floor.*\(with environment LLM_WATCHDOG__CONTROL__FLOOR\)"
+    ):
+        load_settings(str(p), env={"LLM_WATCHDOG__CONTROL__FLOOR": "9"})
+
+
+def test_a_bad_alerts_value_from_the_environment_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(None, env={"LLM_WATCHDOG__ALERTS__MIN_SEVERITY": "loud"})
+    assert str(err.value).startswith("environment variable LLM_WATCHDOG__ALERTS__MIN_SEVERITY")

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 from llm_watchdog.cli import cli
 from llm_watchdog.config import (
     Settings,
+    _inline_secrets,
+    _secret_key,
     example_config,
     format_exact_duration,
     load_settings,
@@ -183,3 +185,100 @@ def test_an_unreadable_secret_stops_run_with_exit_78_and_one_line(tmp_path):
     assert len(lines) == 1 and "control.token_file: cannot read" in lines[0]
     result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
     assert result.exit_code == 78 and "control.token_file" in result.output
+
+
+def test_the_example_config_readable_by_all_is_not_said_to_hold_secrets(tmp_path):
+    # `install` writes the example as root's 0644 file for a DynamicUser= service to read:
+    # `probe.first_token_timeout` is a time, and the advice to chmod 600 would stop the service.
+    path = tmp_path / "config.toml"
+    path.write_text(example_config())
+    path.chmod(0o644)
+    assert load_settings(str(path), env={}).warnings == ()
+    result = check_config(path)
+    assert result.exit_code == 0, result.output
+    assert "holds secrets" not in result.output and "chmod" not in result.output
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "first_token_timeout",
+        "max_tokens",
+        "tokens",
+        "token_budget",
+        "keys",
+        "monkey",
+        "api_key_file",
+        "token_env",
+        "token_credential",
+        "url_file",
+        "headers_env",
+    ],
+)
+def test_keys_that_only_mention_a_secret_word_are_not_secrets(key):
+    assert not _secret_key(key)
+    assert _inline_secrets({"section": {key: "30s"}}) == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "token",
+        "api_key",
+        "apikey",
+        "password",
+        "client_secret",
+        "Authorization",
+        "auth-token",
+        "webhook_url",
+        "url",
+    ],
+)
+def test_keys_that_hold_a_secret_are_secrets(key):
+    assert _secret_key(key)
+    assert _inline_secrets({"alerts": {"sink": [{key: "s3cr3t"}]}}) == [f"alerts.sink[0].{key}"]
+
+
+def test_addresses_hold_a_secret_only_with_a_password_or_a_token_in_them():
+    plain = {
+        "server": {"url": "http://127.0.0.1:8000/v1"},
+        "control": {"gateway_url": "http://127.0.0.1:8090"},
+        "alerts": {
+            "sink": [
+                {
+                    "type": "alertmanager",
+                    "url": "http://am:9093",
+                    "generator_url": "http://grafana:3000/d/x",
+                }
+            ]
+        },
+    }
+    assert _inline_secrets(plain) == []
+    secret = {
+        "server": {"url": "http://ann:hunter2@127.0.0.1:8000"},
+        "control": {"gateway_url": "http://127.0.0.1:8090/?token=abc"},
+        "alerts": {
+            "sink": [
+                {"type": "alertmanager", "url": "http://am:pw@am:9093"},
+                {"type": "webhook", "url": "https://hooks.example/T0/B0/XXXX"},
+            ]
+        },
+    }
+    assert _inline_secrets(secret) == [
+        "server.url",
+        "control.gateway_url",
+        "alerts.sink[0].url",
+        "alerts.sink[1].url",
+    ]
+
+
+def test_a_secret_written_into_a_file_readable_by_all_is_still_warned_about(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[probe]\nfirst_token_timeout = "30s"\n'
+        '[control]\ngateway_url = "http://ops:hunter2@127.0.0.1:8090"\n'
+    )
+    path.chmod(0o644)
+    (warning,) = load_settings(str(path), env={}).warnings
+    assert "holds secrets (control.gateway_url)" in warning
+    assert "first_token_timeout" not in warning and "hunter2" not in warning

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import sys
 import types
@@ -24,6 +25,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
 
 from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
@@ -53,6 +57,42 @@ def _choice(default: str, *choices: str) -> Any:
     return field(default=default, metadata={"choices": choices})
 
 
+def _url(default: str) -> Any:
+    return field(default=default, metadata={"http_url": True})
+
+
+SERVER_URL_EXAMPLE = "http://HOST:PORT or http://HOST:PORT/v1"
+
+
+def check_http_url(url: str, example: str = SERVER_URL_EXAMPLE) -> str:
+    """`url` if an HTTP client can send to it: http:// or https://, a host, a port in range.
+
+    A ValueError otherwise, saying what a good one looks like: the daemon reads server.url
+    only once it starts, so a URL it would refuse is refused here, where the config loads
+    (exit 78) and where a command line option is parsed (a usage error).
+    """
+    text = url.strip()
+    reason = ""
+    if any(ch.isspace() for ch in text):
+        reason = "it holds a space"
+    elif not re.match(r"^https?://[^/\s]+", text):
+        reason = "it must start with http:// or https:// and a host"
+    else:
+        try:
+            parsed = httpx.URL(text)
+            port = parsed.port
+        except (httpx.InvalidURL, ValueError) as exc:
+            reason = str(exc)
+        else:
+            if not parsed.host:
+                reason = "it names no host"
+            elif port is not None and not 0 < port <= 65535:
+                reason = f"port {port} is not between 1 and 65535"
+    if reason:
+        raise ValueError(f"expected a URL like {example}, got {url!r} ({reason})")
+    return url
+
+
 def default_storage_path() -> str:
     """systemd's StateDirectory= when run as a service, else the XDG state folder."""
     state = os.environ.get("STATE_DIRECTORY")
@@ -64,7 +104,7 @@ def default_storage_path() -> str:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    url: str = "http://127.0.0.1:8000"
+    url: str = _url("http://127.0.0.1:8000")
     model: str = "auto"
     api: str = _choice("openai", "openai", "ollama")
     engine: str = _choice("auto", "auto", "llamacpp", "vllm", "sglang", "tgi", "ollama", "other")
@@ -113,19 +153,27 @@ class LoggingSettings:
     format: str = _choice("auto", "auto", "journal", "text")
 
 
+def check_listen(listen: str) -> str:
+    """HOST:PORT, or "" for off; a ValueError saying what is expected otherwise."""
+    if listen:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(
+                f'expected HOST:PORT like 127.0.0.1:9108, or "" for off; got {listen!r}'
+            )
+    return listen
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     # HOST:PORT for /metrics (Prometheus) and /status; "" turns the endpoint off.
-    listen: str = "127.0.0.1:9108"
+    listen: str = field(default="127.0.0.1:9108", metadata={"check": check_listen})
 
     def __post_init__(self) -> None:
-        if self.listen:
-            host, sep, port = self.listen.rpartition(":")
-            if not sep or not host or not port.isdigit() or int(port) > 65535:
-                raise ValueError(
-                    f'listen: expected HOST:PORT like 127.0.0.1:9108, or "" for off; '
-                    f"got {self.listen!r}"
-                )
+        try:
+            check_listen(self.listen)
+        except ValueError as exc:
+            raise ValueError(f"listen: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -158,7 +206,7 @@ class ControlSettings:
     # controller would do, shown by `history --control`, before it is trusted to act.
     dry_run: bool = False
     actuator: str = _choice("gateway", "gateway", "haproxy", "command")
-    gateway_url: str = "http://127.0.0.1:8090"
+    gateway_url: str = _url("http://127.0.0.1:8090")
     # The gateway's control token, from a file or an environment variable.
     token_file: str = ""
     token_env: str = "LLM_WATCHDOG_GATEWAY_TOKEN"
@@ -293,14 +341,18 @@ _LAW_FIELDS = (
     "engine_slots",
 )
 
-_SECRET_WORDS = ("key", "token", "secret", "password", "url", "authorization")
-# Keys that name where a secret is, not the secret itself.
-_POINTER_SUFFIXES = ("_file", "_env", "_credential")
+# The last word of a key that holds a secret itself: `token`, `api_key`, `password`,
+# `client_secret`, a webhook's `url`. The last word, not any part: `first_token_timeout`
+# is a time and `max_tokens` a count, and a key ending in `_file`, `_env` or `_credential`
+# names where a secret is, not the secret.
+_SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "authorization", "url"}
+)
 
 
 def _secret_key(key: str) -> bool:
-    k = key.lower()
-    return any(w in k for w in _SECRET_WORDS) and not k.endswith(_POINTER_SUFFIXES)
+    words = re.split(r"[_\-.\s]+", key.strip().lower())
+    return words[-1] in _SECRET_WORDS
 
 
 def _masked(value: Any) -> Any:
@@ -330,6 +382,17 @@ def _mask_url(value: Any) -> Any:
     return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
+def _url_holds_secret(url: str) -> bool:
+    """A password (user:password@host) or a secret query parameter (?token=…) in a URL."""
+    if _mask_url(url) != url:
+        return True
+    try:
+        query = urlsplit(url).query
+    except ValueError:
+        return False
+    return any(_secret_key(name) for name, _ in parse_qsl(query, keep_blank_values=True))
+
+
 def _inline_secrets(value: Any, prefix: str = "") -> list[str]:
     """Keys holding a secret written into the file itself (not a _file/_env/_credential)."""
     out: list[str] = []
@@ -339,10 +402,16 @@ def _inline_secrets(value: Any, prefix: str = "") -> list[str]:
             if k == "headers" and isinstance(v, dict) and v:
                 out.append(where)
             elif isinstance(v, str) and v and _secret_key(str(k)):
-                # [server] url and [control] gateway_url are addresses, not secrets,
-                # unless they carry a password.
-                if str(k).endswith("url") and not prefix.startswith("alerts"):
-                    if _mask_url(v) == v:
+                # A webhook's URL is its credential (Slack, Discord, ntfy topics). Other
+                # URLs ([server] url, [control] gateway_url, an Alertmanager's url and
+                # generator_url) are addresses, unless they carry a password or a token.
+                webhook = "webhook" in str(k).lower() or (
+                    prefix.startswith("alerts.sink")
+                    and k == "url"
+                    and value.get("type", "webhook") == "webhook"
+                )
+                if str(k).lower().endswith("url") and not webhook:
+                    if not _url_holds_secret(v):
                         continue
                 out.append(where)
             else:
@@ -436,7 +505,14 @@ def _convert(value: Any, f: dataclasses.Field, hint: Any, where: str) -> Any:
                 f"{where}: expected one of {', '.join(meta['choices'])}; got {value!r}"
             )
         return value
-    return _check_type(value, hint, where)
+    value = _check_type(value, hint, where)
+    check = check_http_url if meta.get("http_url") else meta.get("check")
+    if check is not None:
+        try:
+            check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return value
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
@@ -476,12 +552,32 @@ def _type_name(t: Any) -> str:
     )
 
 
-def build_section(cls: type, raw: dict[str, Any], source: str, section: str) -> Any:
+# (section, key) -> the environment variable that set it, so that an error in a value (or a
+# misspelled name) blames the variable, not a file that does not hold it.
+EnvNames = typing.Mapping[tuple[str, str], str]
+
+
+def _where(source: str, section: str, key: str, env_names: EnvNames | None) -> str:
+    name = (env_names or {}).get((section, key))
+    if name is not None:
+        return f"environment variable {name} ([{section}] {key})"
+    return f"{source}: [{section}] {key}"
+
+
+def _env_note(section: str, env_names: EnvNames | None) -> str:
+    """For an error that spans keys: which variables took part, if any did."""
+    names = sorted(n for (sec, _), n in (env_names or {}).items() if sec == section)
+    return f" (with environment {', '.join(names)})" if names else ""
+
+
+def build_section(
+    cls: type, raw: dict[str, Any], source: str, section: str, env_names: EnvNames | None = None
+) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {_file_key(f.name): f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        where = f"{source}: [{section}] {key}"
+        where = _where(source, section, key, env_names)
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
@@ -490,50 +586,76 @@ def build_section(cls: type, raw: dict[str, Any], source: str, section: str) -> 
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: [{section}] {exc}") from None
+        note = _env_note(section, env_names)
+        raise ConfigError(f"{source}: [{section}] {exc}{note}") from None
 
 
-def settings_from_dict(data: dict[str, Any], source: str) -> Settings:
+def settings_from_dict(
+    data: dict[str, Any], source: str, env_names: EnvNames | None = None
+) -> Settings:
+    """Settings from a config's tables; `env_names` says which keys environment variables
+    set, for the errors to name them."""
     sections: dict[str, Any] = {}
     for name, raw in data.items():
         if name not in SECTIONS:
             known = ", ".join(sorted(SECTIONS))
+            keys = raw if isinstance(raw, dict) else {}
+            from_env = [(env_names or {}).get((name, k)) for k in keys]
+            if from_env and all(from_env):
+                raise ConfigError(
+                    f"environment variable {from_env[0]}: unknown section [{name}]; "
+                    f"known sections: {known}"
+                )
             raise ConfigError(f"{source}: [{name}]: unknown section; known sections: {known}")
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: {name}: expected a [{name}] table, got {raw!r}")
         if SECTIONS[name] is dict:
-            sections[name] = _raw_section(name, raw, source)
+            sections[name] = _raw_section(name, raw, source, env_names)
         else:
-            sections[name] = build_section(SECTIONS[name], raw, source, name)
+            sections[name] = build_section(SECTIONS[name], raw, source, name, env_names)
     try:
         settings = Settings(**sections, source=source)
         settings.drift_config()
+    except ValueError as exc:
+        text = str(exc).replace("drift config: ", "[drift] ")
+        raise ConfigError(f"{source}: {text}{_env_note('drift', env_names)}") from None
+    try:
         settings.control_config()
     except ValueError as exc:
-        text = str(exc).replace("drift config: ", "[drift] ").replace("control: ", "[control] ")
-        raise ConfigError(f"{source}: {text}") from None
+        text = str(exc).replace("control: ", "[control] ")
+        raise ConfigError(f"{source}: {text}{_env_note('control', env_names)}") from None
     return settings
 
 
-def _raw_section(name: str, raw: dict[str, Any], source: str) -> dict[str, Any]:
+def _raw_section(
+    name: str, raw: dict[str, Any], source: str, env_names: EnvNames | None = None
+) -> dict[str, Any]:
     """Check a section another module parses, without reading the secrets it names."""
     if name == "alerts":
         try:
             alert_config_from_dict(raw)
         except AlertConfigError as exc:
+            # exc.key is alerts.KEY or alerts.sink[N].KEY: a variable sets a whole KEY.
+            top = exc.key.split(".", 1)[-1].split("[", 1)[0].split(".", 1)[0]
+            env_name = (env_names or {}).get((name, top))
+            if env_name is not None:
+                raise ConfigError(f"environment variable {env_name}: {exc}") from None
             raise ConfigError(f"{source}: {exc}") from None
     return raw
 
 
-def _env_overrides(env: typing.Mapping[str, str], source: str) -> dict[str, dict[str, Any]]:
+def _env_overrides(env: typing.Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], EnvNames]:
+    """The settings that LLM_WATCHDOG__SECTION__KEY variables give, and which variable gave
+    each (section, key)."""
     out: dict[str, dict[str, Any]] = {}
+    names: dict[tuple[str, str], str] = {}
     for name, text in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         if len(parts) != 2 or not all(parts):
             raise ConfigError(
-                f"{source}: environment {name}: expected {ENV_PREFIX}SECTION__KEY, e.g. "
+                f"environment variable {name}: expected {ENV_PREFIX}SECTION__KEY, e.g. "
                 f"{ENV_PREFIX}PROBE__INTERVAL=5s"
             )
         try:
@@ -541,7 +663,8 @@ def _env_overrides(env: typing.Mapping[str, str], source: str) -> dict[str, dict
         except tomllib.TOMLDecodeError:
             value = text
         out.setdefault(parts[0], {})[parts[1]] = value
-    return out
+        names[(parts[0], parts[1])] = name
+    return out, names
 
 
 def resolve_path(cli_path: str | None, env: typing.Mapping[str, str]) -> tuple[Path, bool]:
@@ -584,11 +707,14 @@ def load_settings(
         )
     else:
         source = f"{path} (absent; built-in defaults)"
-    for sec, values in _env_overrides(env, source).items():
+    overrides, env_names = _env_overrides(env)
+    for sec, values in overrides.items():
         if not isinstance(data.get(sec, {}), dict):
             raise ConfigError(f"{source}: {sec}: expected a table")
-        data.setdefault(sec, {}).update(values)
-    settings = settings_from_dict(data, source)
+        section = data.setdefault(sec, {})
+        section.update(values)
+    # A key the file also sets is the variable's now: an error in it names the variable.
+    settings = settings_from_dict(data, source, env_names)
     return dataclasses.replace(settings, warnings=tuple(warnings)) if warnings else settings
 
 

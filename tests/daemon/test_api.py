@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics, heat_eta_s
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import GpuSample
 from tests.helpers.metrics import families, sample
 
@@ -203,5 +204,6 @@ def test_a_port_in_use_fails_at_construction() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(OSError):
+        # A ConfigError naming api.listen: the daemon exits 78, which systemd does not restart.
+        with pytest.raises(ConfigError, match=r"^api\.listen: cannot listen on"):
             ApiServer("127.0.0.1", port, status_of, ProbeMetrics())

@@ -28,6 +28,7 @@ from llm_watchdog.bench.run import (
 from llm_watchdog.bench.summary import NO_TIMINGS_NOTE, cold_summary, per_class_line
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.cli.urlargs import LAB_URL, SERVER_URL
 from llm_watchdog.daemon.service import probe_options, server_port
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.nvml.reader import NvmlReader
@@ -152,7 +153,7 @@ def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--url", help="Server (or gateway) base URL (default: server.url).")
+@click.option("--url", type=SERVER_URL, help="Server (or gateway) base URL (default: server.url).")
 @click.option("--model", help="Model name (default: server.model; 'auto' asks the server).")
 @click.option(
     "--chat-set", help="Probe set for chat: a name or a .toml path (default: probe.probe_set)."
@@ -188,7 +189,7 @@ def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
 @click.option("--launch-command", help="How the server was started (default: read from /proc).")
 @click.option(
     "--sim-gpu",
-    metavar="URL",
+    type=LAB_URL,
     help="Read the GPU of a heat lab (`llm-watchdog sim serve`) at URL instead of NVML.",
 )
 @_db_option

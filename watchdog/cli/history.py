@@ -18,6 +18,7 @@ from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.cli.report import fleet_listing
+from llm_watchdog.cli.urlargs import PROMETHEUS_URL
 from llm_watchdog.logs import printable
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.store.control import actions as control_actions
@@ -188,7 +189,7 @@ BUCKET_COLUMNS = [
 @click.option(
     "--prometheus",
     "prometheus_url",
-    metavar="URL",
+    type=PROMETHEUS_URL,
     help="The fleet from a Prometheus server: one row per box, as at --until (default now).",
 )
 @listing_options

@@ -15,6 +15,7 @@ from llm_watchdog.cli.group import (
     settings_from,
 )
 from llm_watchdog.cli.output import emit, listing_options
+from llm_watchdog.cli.urlargs import SERVER_URL
 from llm_watchdog.daemon.service import probe_options
 from llm_watchdog.probe.client import Prober
 
@@ -35,7 +36,9 @@ PROBE_COLUMNS = [
 
 
 @cli.command()
-@click.option("--url", help="Server base URL (default: server.url from the config).")
+@click.option(
+    "--url", type=SERVER_URL, help="Server base URL (default: server.url from the config)."
+)
 @click.option("--model", help="Model name (default: server.model; 'auto' asks the server).")
 @click.option("--probe-set", help="Probe set name or path (default: probe.probe_set).")
 @click.option("--cache-mode", type=click.Choice(["bust", "cached"]), help="Prompt-cache mode.")
@@ -63,7 +66,6 @@ def probe(
 
     Exits 1 when any probe failed or gave a wrong answer.
     """
-
 
     settings = settings_from(ctx)
     server = replace(

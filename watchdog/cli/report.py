@@ -11,6 +11,7 @@ import click
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, when_arg
 from llm_watchdog.cli.headroom import stored_map
 from llm_watchdog.cli.output import emit
+from llm_watchdog.cli.urlargs import PROMETHEUS_URL
 from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
@@ -32,7 +33,10 @@ from llm_watchdog.store.records import events
     "--db", type=click.Path(dir_okay=False), help="Database file (default: the config's)."
 )
 @click.option(
-    "--prometheus", "prometheus_url", help="Read a Prometheus server instead of the database."
+    "--prometheus",
+    "prometheus_url",
+    type=PROMETHEUS_URL,
+    help="Read a Prometheus server instead of the database.",
 )
 @click.option("--instance", help="With --prometheus: the box (instance label) to show.")
 @click.option("--gpu", "gpu_index", type=int, help="GPU index (default: the first).")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import platform
@@ -42,6 +43,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from llm_watchdog import __version__
+from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import GpuSample
 from llm_watchdog.nvml.throttle import REASON_NAMES
 
@@ -381,6 +383,32 @@ def build_registry(
 MAX_HEAD_BYTES = 16 * 1024
 
 
+def _bind(host: str, port: int, family: socket.AddressFamily) -> socket.socket:
+    """The listening socket for `api.listen`, or a ConfigError naming the setting.
+
+    A ConfigError is exit 78 (EX_CONFIG), which the unit's RestartPreventExitStatus=78 does
+    not restart: a port that another process holds stays taken however often systemd
+    retries (with RestartSec=5s the restarts never reach the start limit, so any other
+    status would loop for good), and what frees it is a person choosing another port or
+    stopping the other process, then `systemctl restart llm-watchdog`. The gateway words its
+    own port-in-use error in these words (llm_watchdog.gateway.server.bind_socket).
+    """
+    try:
+        return socket.create_server((host, port), family=family, backlog=256)
+    except OSError as exc:
+        hint = (
+            "is another llm-watchdog running? pick another port with api.listen "
+            '("" turns the endpoint off), or stop the process that holds it'
+            if exc.errno == errno.EADDRINUSE
+            else "check the api.listen address: HOST:PORT on this machine"
+        )
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # create_server() appends "(while attempting to bind on …)" to strerror: the
+        # address is said once, here.
+        reason = (exc.strerror or str(exc)).split(" (while attempting")[0]
+        raise ConfigError(f"api.listen: cannot listen on {where} ({reason}): {hint}") from exc
+
+
 class ApiServer:
     """Serves `/metrics` and `/status` on one asyncio thread with bounded connections."""
 
@@ -402,7 +430,7 @@ class ApiServer:
         self.idle_timeout_s = idle_timeout_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # Bound here, so a port in use fails start-up with the caller's error handling.
-        self._sock = socket.create_server((host, port), family=family, backlog=256)
+        self._sock = _bind(host, port, family)
         self._loop = asyncio.new_event_loop()
         self._stopped: asyncio.Event | None = None
         # Open connections, oldest first; True while waiting for a request (idle).
