@@ -93,3 +93,23 @@ def test_status_and_history_read_what_the_daemon_wrote(db_path):
 def test_status_without_a_database_says_what_to_do(tmp_path):
     out = invoke("status", env={"LLM_WATCHDOG__STORAGE__PATH": str(tmp_path / "none.db")})
     assert out.exit_code == 1 and "llm-watchdog run" in out.output
+
+
+def test_a_database_this_user_may_not_read_is_one_line_naming_sudo(tmp_path, monkeypatch):
+    # The service's database sits in a 0700 folder of its own; the tests run as root, who
+    # reads everything, so the folder's refusal is what Path.exists meets for another user.
+    import pathlib
+
+    db = tmp_path / "private" / "watchdog.db"
+    real_exists = pathlib.Path.exists
+
+    def exists(self, *args, **kwargs):
+        if self == db:
+            raise PermissionError(13, "Permission denied", str(db))
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "exists", exists)
+    out = invoke("status", env={"LLM_WATCHDOG__STORAGE__PATH": str(db)})
+    assert out.exit_code == 1, out.output
+    assert "permission denied" in out.output and "sudo" in out.output
+    assert len(out.output.strip().splitlines()) == 1 and "Traceback" not in out.output

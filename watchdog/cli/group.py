@@ -64,7 +64,17 @@ def open_store(
     """The store, or a one-line Fail. `read_only`: the reading commands, which never change
     the file; `exclusive`: the daemon, the one writer (a second one fails naming the first)."""
     path = Path(settings.storage.path)
-    if must_exist and not path.exists():
+    # The service's database is its own (StateDirectory=, mode 0700): another user is
+    # refused by the folder, and told so rather than shown a traceback.
+    forbidden = Fail(
+        f"cannot read {path}: permission denied; run this as a user who may read it (the "
+        "service's database is root's: sudo), or point --config / storage.path elsewhere"
+    )
+    try:
+        exists = path.exists()
+    except PermissionError:
+        raise forbidden from None
+    if must_exist and not exists:
         raise Fail(
             f"no database at {path}: start the daemon (`llm-watchdog run`) first, "
             "or point --config / storage.path at the right file"
@@ -73,6 +83,8 @@ def open_store(
         return Store(path, read_only=read_only, exclusive=exclusive)
     except (StoreError, StorageError) as exc:
         raise Fail(str(exc)) from None
+    except PermissionError:
+        raise forbidden from None
 
 
 def make_folder(settings: Settings) -> None:
