@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import httpx
-
 from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
 from llm_watchdog.control.law import ControlConfig
@@ -37,6 +35,7 @@ from llm_watchdog.durations import format_duration, parse_duration
 from llm_watchdog.errors import ConfigError
 from llm_watchdog.probe.client import CACHE_MODES, ProbeOptions
 from llm_watchdog.resources import package_file
+from llm_watchdog.urls import check_http_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,38 +58,6 @@ def _choice(default: str, *choices: str) -> Any:
 
 def _url(default: str) -> Any:
     return field(default=default, metadata={"http_url": True})
-
-
-SERVER_URL_EXAMPLE = "http://HOST:PORT or http://HOST:PORT/v1"
-
-
-def check_http_url(url: str, example: str = SERVER_URL_EXAMPLE) -> str:
-    """`url` if an HTTP client can send to it: http:// or https://, a host, a port in range.
-
-    A ValueError otherwise, saying what a good one looks like: the daemon reads server.url
-    only once it starts, so a URL it would refuse is refused here, where the config loads
-    (exit 78) and where a command line option is parsed (a usage error).
-    """
-    text = url.strip()
-    reason = ""
-    if any(ch.isspace() for ch in text):
-        reason = "it holds a space"
-    elif not re.match(r"^https?://[^/\s]+", text):
-        reason = "it must start with http:// or https:// and a host"
-    else:
-        try:
-            parsed = httpx.URL(text)
-            port = parsed.port
-        except (httpx.InvalidURL, ValueError) as exc:
-            reason = str(exc)
-        else:
-            if not parsed.host:
-                reason = "it names no host"
-            elif port is not None and not 0 < port <= 65535:
-                reason = f"port {port} is not between 1 and 65535"
-    if reason:
-        raise ValueError(f"expected a URL like {example}, got {url!r} ({reason})")
-    return url
 
 
 def default_storage_path() -> str:

@@ -449,9 +449,11 @@ def test_parse_put(data: Any, expected: Any) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"upstream_url": "127.0.0.1:8000"}, "upstream_url must be an http:// or https:// URL"),
+        ({"upstream_url": "127.0.0.1:8000"}, "upstream_url: expected a URL like http://"),
+        ({"upstream_url": "http://256.1.1.1:80"}, "upstream_url: .*Invalid IPv4 address"),
+        ({"upstream_url": "http://127.0.0.1:99999"}, "port 99999 is not between 1 and 65535"),
         ({"upstream_url": "http://127.0.0.1:8000/v1"}, "must be the engine's root"),
-        ({"secondary_upstream_url": "ftp://x"}, "secondary_upstream_url must be an http://"),
+        ({"secondary_upstream_url": "ftp://x"}, "secondary_upstream_url: expected a URL like"),
         ({"default_class": "gold"}, "default_class must be one of chat, batch, got 'gold'"),
         (
             {"batch_default_allowance": 65},

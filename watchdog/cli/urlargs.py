@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from llm_watchdog.config import SERVER_URL_EXAMPLE, check_http_url
+from llm_watchdog.urls import SERVER_URL_EXAMPLE, check_http_url
 
 
 class HttpUrl(click.ParamType):

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from llm_watchdog.urls import check_http_url
+
 CHAT = "chat"
 BATCH = "batch"
 CLASSES = (CHAT, BATCH)
@@ -218,9 +220,11 @@ def read_token(
 
 
 def _check_url(name: str, url: str) -> None:
+    try:
+        check_http_url(url, "http://127.0.0.1:8000")
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{name} must be an http:// or https:// URL, got {url!r}")
     if parts.path.rstrip("/").endswith("/v1"):
         raise ValueError(
             f"{name} must be the engine's root, like http://127.0.0.1:8000, not {url!r}: "

@@ -1,0 +1,41 @@
+"""URLs a user gives: checked where they are read, so a bad one is one line, not a traceback.
+
+Pure; shared by the daemon's config, the CLI's URL options and the gateway's --upstream.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+SERVER_URL_EXAMPLE = "http://HOST:PORT or http://HOST:PORT/v1"
+
+
+def check_http_url(url: str, example: str = SERVER_URL_EXAMPLE) -> str:
+    """`url` if an HTTP client can send to it: http:// or https://, a host, a port in range.
+
+    A ValueError otherwise, saying what a good one looks like: the daemon reads server.url
+    only once it starts, so a URL it would refuse is refused here, where the config loads
+    (exit 78) and where a command line option is parsed (a usage error).
+    """
+    text = url.strip()
+    reason = ""
+    if any(ch.isspace() for ch in text):
+        reason = "it holds a space"
+    elif not re.match(r"^https?://[^/\s]+", text):
+        reason = "it must start with http:// or https:// and a host"
+    else:
+        try:
+            parsed = httpx.URL(text)
+            port = parsed.port
+        except (httpx.InvalidURL, ValueError) as exc:
+            reason = str(exc)
+        else:
+            if not parsed.host:
+                reason = "it names no host"
+            elif port is not None and not 0 < port <= 65535:
+                reason = f"port {port} is not between 1 and 65535"
+    if reason:
+        raise ValueError(f"expected a URL like {example}, got {url!r} ({reason})")
+    return url
