@@ -193,3 +193,44 @@ def test_heat_lab_run_records_the_engine_queue_and_the_gpu_and_stops_incomplete(
     assert lv["temp_c_max"] is not None and lv["sm_clock_mhz_min"] is not None
     assert lv["batch_output_unit"] == "tokens"
     assert result.gpu_rows and result.batch_rows
+
+
+def test_behind_the_gateway_the_launch_command_is_the_engines_not_the_gateways():
+    # What GET /control/identity of an llm-watchdog gateway answers; the listening process
+    # here is the gateway, whose own command line `bench compare` must not diff.
+    import http.server
+
+    from llm_watchdog.cli.bench import _launch_command
+
+    identity = {
+        "gateway": "llm-watchdog",
+        "engine": "vllm",
+        "launch_command": "vllm serve m --max-num-seqs 8",
+        "launch_command_source": "systemd unit vllm.service",
+    }
+
+    class Identity(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            known = self.path == "/control/identity"
+            body = json.dumps(identity if known else {}).encode()
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Identity)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert _launch_command(url, "auto") == "vllm serve m --max-num-seqs 8"
+        assert _launch_command(url + "/v1", "auto") == "vllm serve m --max-num-seqs 8"
+        assert _launch_command(url, "llama-server -np 2") == "llama-server -np 2"  # given wins
+        identity["gateway"] = "something else"  # not our gateway: its identity is not read
+        assert _launch_command(url, "auto") != "vllm serve m --max-num-seqs 8"
+    finally:
+        server.shutdown()
+        server.server_close()

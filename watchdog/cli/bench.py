@@ -33,6 +33,7 @@ from llm_watchdog.daemon.service import probe_options, server_port
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import Prober
+from llm_watchdog.probe.engine import gateway_identity
 from llm_watchdog.probe.fingerprint import build_fingerprint
 from llm_watchdog.probe.procinfo import listening_process_cmdline
 from llm_watchdog.store import bench as stored
@@ -414,6 +415,12 @@ def _sim_nvml(url: str) -> Any:
 def _launch_command(url: str, configured: str) -> str | list[str] | None:
     if configured != "auto":
         return configured
+    # Behind an llm-watchdog gateway the listening process is the gateway: its identity
+    # names the engine's command line, which `bench compare` diffs flag by flag.
+    ident = gateway_identity(url)
+    if ident is not None:
+        command = ident.get("launch_command")
+        return command if isinstance(command, str) else None
     port = server_port(url)
     host = urlsplit(url).hostname or ""
     if port is None or host not in ("127.0.0.1", "localhost", "::1"):

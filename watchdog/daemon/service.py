@@ -45,10 +45,9 @@ from llm_watchdog.nvml.thresholds import Onset, SlowdownLearner, onset_of
 from llm_watchdog.probe.client import ProbeOptions, Prober
 from llm_watchdog.probe.engine import (
     EngineInfo,
-    api_root,
     detect_engine,
-    engine_client,
     engine_slots,
+    gateway_identity,
     resolve_model,
 )
 from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
@@ -288,16 +287,7 @@ class Daemon:
 
     def _gateway_identity(self) -> dict[str, Any] | None:
         """The upstream's identity when server.url is an llm-watchdog gateway, else None."""
-        try:
-            url = api_root(self.settings.server.url) + "/control/identity"
-            with engine_client(None, self.transport, 5.0) as client:
-                response = client.get(url)
-            doc = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        if isinstance(doc, dict) and doc.get("gateway") == "llm-watchdog":
-            return doc
-        return None
+        return gateway_identity(self.settings.server.url, self.transport)
 
     def _record_fingerprint(self, ident: dict[str, Any] | None) -> None:
         infos = self.reader.infos() if self.reader.available else []

@@ -209,6 +209,25 @@ def engine_client(
     )
 
 
+def gateway_identity(
+    base_url: str, transport: httpx.BaseTransport | None = None, timeout_s: float = 5.0
+) -> dict[str, Any] | None:
+    """The upstream engine's identity when `base_url` is an llm-watchdog gateway (its
+    GET /control/identity: engine, version, models, launch command and where it was read,
+    engine pid), else None. Behind the gateway the listening process is the gateway, so this
+    is how the daemon and `bench` name the engine they measure."""
+    try:
+        url = api_root(base_url) + "/control/identity"
+        with engine_client(None, transport, timeout_s) as client:
+            response = client.get(url)
+        doc = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if isinstance(doc, dict) and doc.get("gateway") == "llm-watchdog":
+        return doc
+    return None
+
+
 def _get_json(client: httpx.Client, url: str) -> tuple[Any, _Problem | None]:
     try:
         response = client.get(url)
