@@ -113,3 +113,36 @@ def test_a_database_this_user_may_not_read_is_one_line_naming_sudo(tmp_path, mon
     assert out.exit_code == 1, out.output
     assert "permission denied" in out.output and "sudo" in out.output
     assert len(out.output.strip().splitlines()) == 1 and "Traceback" not in out.output
+
+
+def test_a_minute_split_by_a_runtime_change_says_which_runtime_each_row_is(db_path):
+    import time
+
+    from llm_watchdog.probe.fingerprint import build_fingerprint
+    from tests.helpers.builders import probe_result
+
+    minute = (int(time.time()) // 60 - 5) * 60.0
+    with Store(db_path) as store:
+        ids = []
+        for model in ("qwen", "llama"):
+            fp = build_fingerprint(
+                engine="vllm",
+                engine_version="0.6",
+                model=model,
+                launch_command=None,
+                driver_version=None,
+                gpu_name=None,
+                gpu_uuid=None,
+                probe_set_hash="x",
+                config_hash=None,
+            )
+            ids.append(store.record_fingerprint(fp))
+        store.record_probe(probe_result(minute + 10, ttft_ms=100.0), ids[0])
+        store.record_probe(probe_result(minute + 40, ttft_ms=300.0), ids[1])
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    out = invoke("history", "--since", "1h", "--resolution", "1m", env=env)
+    assert out.exit_code == 0, out.output
+    header, *rows = out.output.splitlines()
+    assert header.split()[:2] == ["time", "fingerprint"]
+    assert len(rows) == 2 and rows[0].split()[:2] == rows[1].split()[:2]  # the same minute
+    assert [r.split()[2] for r in rows] == [ids[0][:12], ids[1][:12]]

@@ -241,6 +241,13 @@ def history(
             columns = ["time", *GPU_HISTORY_COLUMNS[1:], "reasons"] if gpu else BUCKET_COLUMNS
     if limit:
         rows = rows[-limit:]
+    if columns is BUCKET_COLUMNS and len({r.get("fingerprint_id") for r in rows}) > 1:
+        # A runtime change mid-minute (a restart, another model) splits the minute in two
+        # buckets, one per runtime: the column tells them apart (the start of the id
+        # `llm-watchdog status` shows).
+        columns = [*BUCKET_COLUMNS[:1], "fingerprint", *BUCKET_COLUMNS[1:]]
+        for r in rows:
+            r["fingerprint"] = (r.get("fingerprint_id") or "-")[:12]
     for r in rows:
         r["time"] = stamp(r["ts"]) if fmt == "table" else r["ts"]
         if gpu:
