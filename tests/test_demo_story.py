@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from llm_watchdog.alerts.events import AlertEvent
-from llm_watchdog.demo import DemoOptions, DemoResult, run_demo, story, summary
+from llm_watchdog.demo import (
+    DemoOptions,
+    DemoResult,
+    _p95,
+    _worst_p95,
+    run_demo,
+    story,
+    summary,
+)
 
 ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
 # The control loop reads chat's p95 every 2 s and may cut a probe or two before the detector
@@ -75,3 +83,27 @@ def test_the_cut_line_says_how_low_the_allowance_went_before_it_grew_back(tmp_pa
     told = {step: (t, detail) for t, step, detail in story(result)}
     assert told["regrown"] == (125.0, "batch allowance 4 → 5")
     assert told["cut"] == (130.0, "batch allowance 5 → 3, down to 2 at 140s")
+
+
+def test_the_regrown_line_says_how_far_the_allowance_grew_back(tmp_path):
+    warn = AlertEvent("drift:heat_warning:1", "heat_warning", "firing", 1046.0, "t", "warming")
+    result = DemoResult(
+        db_path=tmp_path / "demo.db",
+        alerts=[warn],
+        allowances=[(0.0, 4), (54.0, 1), (68.0, 0), (124.0, 1), (140.0, 4), (150.0, 3)],
+        phases=[("air 32 °C", 0.0, 45.0), ("air 76 °C", 45.0, 120.0), ("air 32 °C", 120.0, 210.0)],
+        started_at=1000.0,
+    )
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    # "4 → 1 → 0 → 1 → 4": the story said "regrown 0 → 1" and stopped there.
+    assert told["regrown"] == (124.0, "batch allowance 0 → 1, up to 4 at 140s")
+
+
+def test_a_phase_row_names_its_worst_ten_seconds_beside_its_p95():
+    # Heat slows chat for the seconds before the cut, then batch at 0 makes it fast: the
+    # phase's p95 alone reads as a fast phase.
+    slow = [(45.0 + i, 400.0) for i in range(5)]
+    fast = [(53.0 + i * 0.5, 60.0) for i in range(120)]
+    assert _p95([ms for _, ms in slow + fast]) == 60.0
+    assert _worst_p95(slow + fast) == 400.0
+    assert _worst_p95([(0.0, 30.0), (1.0, 50.0)]) == 50.0  # too few for a window: the p95

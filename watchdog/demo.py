@@ -359,9 +359,15 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     regrown_at = None
     if back is not None:
         prev = None
-        for t, a in result.allowances:
+        for i, (t, a) in enumerate(result.allowances):
             if prev is not None and a > prev and t >= back:
-                steps.append((t, "regrown", f"batch allowance {prev} → {a}"))
+                detail = f"batch allowance {prev} → {a}"
+                # Where the regrowth got to: a step of one, then the rest of the way, reads
+                # as a gap in "4 → 1 → 0 → 1 → 4" without it.
+                top_t, top = max(result.allowances[i:], key=lambda x: (x[1], -x[0]))
+                if top > a:
+                    detail += f", up to {top} at {top_t:.0f}s"
+                steps.append((t, "regrown", detail))
                 regrown_at = t
                 break
             prev = a
@@ -415,13 +421,19 @@ def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
     for label, start, end in result.phases:
         rows = [(r, g, a) for t, r, g, a in result.probes if start <= t < end]
         ttfts = [t for r, _, _ in rows if r.ok and not r.cold and (t := r.ttft_ms)]
+        timed = [
+            (t, ms)
+            for t, r, _, _ in result.probes
+            if start <= t < end and r.ok and not r.cold and (ms := r.ttft_ms)
+        ]
         allow = [a for _, _, a in rows if a is not None]
         clocks = [g.sm_clock_mhz for _, g, _ in rows if g is not None and g.sm_clock_mhz]
         if not ttfts:
             continue
         lines.append(
             f"  {start:4.0f}-{min(end, result.probes[-1][0]):4.0f}s {label:<9} chat p95 "
-            f"{_p95(ttfts):5.0f} ms, SM clock median {statistics.median(clocks):5.0f} MHz, "
+            f"{_p95(ttfts):5.0f} ms (worst {WORST_WINDOW_S:.0f} s {_worst_p95(timed):5.0f} ms), "
+            f"SM clock median {statistics.median(clocks):5.0f} MHz, "
             f"allowance {min(allow) if allow else '-'}..{max(allow) if allow else '-'}"
         )
     fired = [a for a in result.alerts if a.state == "firing"]
@@ -479,6 +491,23 @@ def _time_note(scale: float) -> str:
         f"the card's heat runs {scale:g}x fast: one demo minute is {scale:g} of the card's, "
         f"so a °C/min in a message is per demo minute ({scale:g}x the card's own rate)"
     )
+
+
+# A phase's p95 hides how it went within it: chat slowed by heat for the seconds before the
+# cut, then fast with batch at 0, reads as one fast phase. The worst window says the first.
+WORST_WINDOW_S = 10.0
+
+
+def _worst_p95(timed: list[tuple[float, float]], min_n: int = 5) -> float:
+    """The highest p95 of chat TTFT over any WORST_WINDOW_S of demo seconds that holds at
+    least `min_n` probes (the phase's own p95 when none does)."""
+    worst = None
+    for i, (t0, _) in enumerate(timed):
+        window = [ms for t, ms in timed[i:] if t < t0 + WORST_WINDOW_S]
+        if len(window) >= min_n:
+            p = _p95(window)
+            worst = p if worst is None else max(worst, p)
+    return worst if worst is not None else _p95([ms for _, ms in timed])
 
 
 def _p95(values: list[float]) -> float:
