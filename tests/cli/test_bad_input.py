@@ -47,6 +47,8 @@ BAD_ARGUMENTS = [
     ("headroom", "--bogus"),
     ("report", "--bogus"),
     ("demo", "--time-scale", "0"),
+    ("demo", "--duration", "0s"),
+    ("demo", "--duration", "9s"),
     ("probe", "--rounds", "0"),
     ("probe", "--cache-mode", "sometimes"),
     ("check-config", "--bogus"),

@@ -12,11 +12,13 @@ from typing import Any
 import click
 
 from llm_watchdog.cli.group import Fail, cli
-from llm_watchdog.demo import DemoOptions, run_demo, summary
+from llm_watchdog.demo import BATCH_SETTLE_S, DemoOptions, run_demo, summary
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.gateway.cli import gateway
 from llm_watchdog.sim.cli import sim
 from llm_watchdog.sim.scenario import ScenarioError
+
+MIN_DEMO_S = 2 * BATCH_SETTLE_S
 
 cli.add_command(sim)
 cli.add_command(gateway)
@@ -54,6 +56,13 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
         seconds = parse_duration(duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--duration") from None
+    if seconds < MIN_DEMO_S:
+        # The batch job settles for BATCH_SETTLE_S before the daemon's first probe round:
+        # a shorter run measures nothing and still prints a summary.
+        raise click.BadParameter(
+            f"at least {MIN_DEMO_S:g}s (the default, 210s, shows the whole heat story)",
+            param_hint="--duration",
+        )
     opts = DemoOptions(
         scenario=scenario,
         duration_s=seconds,
