@@ -187,7 +187,11 @@ def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
     type=click.IntRange(1),
     help="Answer length of each batch request (default: the batch set's, 64).",
 )
-@click.option("--launch-command", help="How the server was started (default: read from /proc).")
+@click.option(
+    "--launch-command",
+    help="How the server was started (default: the gateway's /control/identity behind an "
+    "llm-watchdog gateway, else read from /proc).",
+)
 @click.option(
     "--sim-gpu",
     type=LAB_URL,

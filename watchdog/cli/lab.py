@@ -25,7 +25,9 @@ cli.add_command(gateway)
 
 
 @cli.command()
-@click.option("--duration", default="210s", show_default=True, help="How long to run.")
+@click.option(
+    "--duration", default="210s", show_default=True, help="How long to run (at least 10s)."
+)
 @click.option(
     "--scenario",
     default="demo",

@@ -388,7 +388,7 @@ class ClassGate:
 
         The ramp's pacing is the gateway's own, not a lack of room: a job of 64 streams that
         starts into an allowance of 64 at 0.5 a second is let in over two minutes, and
-        turning away all but the first 15 after 30 s would fail them at the client after
+        turning away all but the first 16 after 30 s would fail them at the client after
         its retries. Such a waiter waits for its turn on the ramp, then up to `wait_s` more.
         """
         if fut.done():

@@ -207,7 +207,8 @@ def _env_name(param_name: str) -> str:
     default=f"{DEFAULT_BATCH_RAMP_IDLE_S:g}s",
     show_default=True,
     callback=_duration,
-    help="A batch allowance left unused this long ramps again when the job comes back (0: never).",
+    help="A batch allowance left unused this long (counted from the gateway's start too) "
+    "ramps again when the job comes back (0: never).",
 )
 @click.option(
     "--preempt-batch",
