@@ -106,4 +106,21 @@ def test_a_phase_row_names_its_worst_ten_seconds_beside_its_p95():
     fast = [(53.0 + i * 0.5, 60.0) for i in range(120)]
     assert _p95([ms for _, ms in slow + fast]) == 60.0
     assert _worst_p95(slow + fast) == 400.0
-    assert _worst_p95([(0.0, 30.0), (1.0, 50.0)]) == 50.0  # too few for a window: the p95
+    assert _worst_p95([(0.0, 30.0), (1.0, 50.0), (12.0, 40.0)]) == 50.0  # windows from 0 s
+
+
+def test_a_phase_row_names_the_median_the_slower_clock_moves(tmp_path):
+    from tests.helpers.builders import probe_result
+
+    cool = [(float(t), probe_result(1000.0 + t, ttft_ms=40.0), None, 4) for t in range(0, 45)]
+    hot = [(float(t), probe_result(1000.0 + t, ttft_ms=80.0), None, 0) for t in range(45, 120)]
+    result = DemoResult(
+        db_path=tmp_path / "demo.db",
+        probes=[*cool, *hot],
+        phases=[("air 32 °C", 0.0, 45.0), ("air 76 °C", 45.0, 120.0)],
+        started_at=1000.0,
+    )
+    rows = [line for line in summary(result) if "chat p50" in line]
+    assert len(rows) == 2
+    assert "chat p50   40 ms, p95   40 ms (worst 10 s   40 ms)" in rows[0]
+    assert "chat p50   80 ms" in rows[1] and "SM clock median     - MHz" in rows[1]
