@@ -132,3 +132,23 @@ def test_install_refuses_an_interpreter_the_service_cannot_run(monkeypatch):
     dry = CliRunner().invoke(cli, ["install", "--gateway", "--dry-run"])
     assert dry.exit_code == 0 and "warning: the service could not run" in dry.output
     assert "gateway.env: settings to edit" in dry.output
+
+
+def test_a_failing_systemctl_says_the_files_are_written_and_what_is_left(tmp_path, monkeypatch):
+    import subprocess
+
+    def no_user_manager(cmd, check):
+        raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr("llm_watchdog.cli.service.service_cannot_run", lambda *a: None)
+    monkeypatch.setattr("llm_watchdog.daemon.install.shutil.which", lambda name: "/bin/" + name)
+    monkeypatch.setattr("llm_watchdog.daemon.install.subprocess.run", no_user_manager)
+    result = CliRunner().invoke(cli, ["install", "--user"])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1 and "journalctl -u" not in line
+    assert "the files are written, but `systemctl --user daemon-reload` failed (exit 1)" in line
+    assert "loginctl enable-linger" in line
+    assert "systemctl --user enable --now llm-watchdog.service" in line
+    assert (tmp_path / ".config/systemd/user/llm-watchdog.service").is_file()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -244,8 +246,19 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
         raise Fail(f"cannot write {exc.filename}: run as root (sudo), or use --user") from None
     except (RuntimeError, OSError) as exc:
         raise Fail(str(exc)) from None
-    except Exception as exc:  # subprocess.CalledProcessError from systemctl
-        raise Fail(f"{exc}; see `journalctl -u llm-watchdog` for why") from None
+    except subprocess.CalledProcessError as exc:
+        # The files are written by now: say which command failed and what is left to run.
+        left = " && ".join(shlex.join(c) for c in plan.commands)
+        why = (
+            "no systemd user manager answers for this user (over ssh, run `loginctl "
+            "enable-linger $USER` once and log in again)"
+            if user_unit
+            else "`journalctl -xe` says why"
+        )
+        raise Fail(
+            f"the files are written, but `{shlex.join(exc.cmd)}` failed (exit "
+            f"{exc.returncode}): {why}; then run: {left}"
+        ) from None
 
 
 # ---- uninstall ------------------------------------------------------------------------------
