@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from llm_watchdog.bench.summary import NO_TIMINGS_NOTE, cold_summary, per_class_
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.cli.urlargs import LAB_URL, SERVER_URL
+from llm_watchdog.cli.worker import run_stoppable
 from llm_watchdog.daemon.service import probe_options, server_port
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.nvml.reader import NvmlReader
@@ -287,59 +287,31 @@ def _run(
     say = _Display(sys.stderr.isatty())
     stop = threading.Event()
     result = BenchResult()
-    box: dict[str, Any] = {}
     started = time.time()
 
     def work() -> None:
-        try:
-            with Prober(server.url, chosen, opts, api_key=api_key) as prober:
-                run_bench(
-                    prober,
-                    pset,
-                    bset,
-                    server.url,
-                    chosen,
-                    engine,
-                    plan,
-                    api_key=api_key,
-                    reader=reader if gpu_ok else None,
-                    stop=stop,
-                    progress=say.progress,
-                    level_done=say.level_done,
-                    result=result,
-                )
-        except BaseException as exc:  # handed to the main thread, which reports it
-            box["error"] = exc
-        finally:
-            done.set()
+        with Prober(server.url, chosen, opts, api_key=api_key) as prober:
+            run_bench(
+                prober,
+                pset,
+                bset,
+                server.url,
+                chosen,
+                engine,
+                plan,
+                api_key=api_key,
+                reader=reader if gpu_ok else None,
+                stop=stop,
+                progress=say.progress,
+                level_done=say.level_done,
+                result=result,
+            )
 
-    # The run goes on a worker thread; Ctrl-C, caught here by a handler that only sets
-    # `stop`, ends it between two requests. No KeyboardInterrupt is raised: one that lands
-    # inside Event.wait can leave the event's lock held, and the wait for the worker then
-    # never returns. The wait is on an Event the worker sets last: a Thread.join cut short
-    # returned while the worker was still summing up its level, and the run was stored
-    # without it (tests/cli/test_bench_interrupt.py). A second Ctrl-C quits at once.
-    done = threading.Event()
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        click.echo("\nstopping: keeping what was measured … (Ctrl-C again quits)", err=True)
-        stop.set()
-
-    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
-    worker = threading.Thread(target=work, name="bench", daemon=True)
-    worker.start()
+    # Ctrl-C ends the run between two requests, and what was measured is stored.
     try:
-        while not done.wait(0.5):
-            pass
+        _, error = run_stoppable(work, stop, "bench", "stopping: keeping what was measured …")
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
         reader.stop()
-    error = box.get("error")
     if error is not None:
         result.complete = False
         result.stop_reason = str(error) if isinstance(error, BenchError) else repr(error)

@@ -7,11 +7,11 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from llm_watchdog.cli.group import Fail, cli
+from llm_watchdog.cli.worker import run_stoppable
 from llm_watchdog.demo import BATCH_SETTLE_S, DemoOptions, run_demo, summary
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.gateway.cli import gateway
@@ -51,7 +51,6 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
     Runs the heat lab, the gateway, a batch job and the daemon in this process over real
     HTTP, prints a line per canary probe and a summary. Ctrl-C stops everything.
     """
-    import signal
     import threading
 
     try:
@@ -73,46 +72,16 @@ def demo(duration: str, scenario: str, time_scale: float, no_control: bool, db: 
         control=not no_control,
     )
     stop = threading.Event()
-    done = threading.Event()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["result"] = run_demo(opts, say=lambda s: click.echo(s), stop=stop)
-        except BaseException as exc:  # handed to the main thread, which reports it
-            box["error"] = exc
-        finally:
-            done.set()
-
-    # The demo runs on a worker thread; Ctrl-C, caught here by a handler that only sets
-    # `stop`, ends it, and the worker stops every server and thread it started before it
-    # sets `done`. No KeyboardInterrupt is raised on the first Ctrl-C: one that cuts a
-    # Thread.join short marks the worker as finished while it is still running (the join
-    # then returns at once), and the summary would be read before the worker wrote it. A
-    # second Ctrl-C quits at once; the worker is a daemon thread, so nothing waits for it.
-    def on_sigint(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        click.echo("\nstopping … (Ctrl-C again quits at once)", err=True)
-        stop.set()
-
-    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
-    worker = threading.Thread(target=work, name="demo", daemon=True)
-    worker.start()
-    try:
-        while not done.wait(0.5):
-            pass
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
-    if "error" in box:
-        err = box["error"]
+    result, err = run_stoppable(
+        lambda: run_demo(opts, say=lambda s: click.echo(s), stop=stop), stop, "demo", "stopping …"
+    )
+    if err is not None:
         if isinstance(err, ScenarioError):
             raise Fail(str(err)) from None
         raise err
-    for line in summary(box["result"], command=invoked_as()):
+    if result is None:  # run_demo returns its result or raises
+        raise RuntimeError("the demo ended without a result")
+    for line in summary(result, command=invoked_as()):
         click.echo(line)
 
 
