@@ -30,6 +30,7 @@ import dataclasses
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -90,17 +91,17 @@ def cases(fast: bool) -> list[tuple[Scenario, list[float]]]:
     return out
 
 
-def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: float) -> dict:
+def run_lab(s: Scenario, spec: str, seed: int, **ramp: float) -> tuple[Any, Any]:
+    """`spec` over `s` behind the slot line, as the shipped gateway runs; `ramp` sets the
+    gateway's ramp_per_s or ramp_idle_s. The recording controller (its chat samples) and
+    the run's result."""
     rec = bc.make(spec, s)
-    r = run_virtual(
-        s,
-        s.duration_s,
-        rec,
-        seed=seed,
-        warmup_s=bc.WARMUP_S,
-        hold_slots=True,
-        ramp_idle_s=idle_s,
-    )
+    r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=bc.WARMUP_S, hold_slots=True, **ramp)
+    return rec, r
+
+
+def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: float) -> dict:
+    rec, r = run_lab(s, spec, seed, ramp_idle_s=idle_s)
     minutes = [[v for t, v in rec.samples if a <= t < a + 60.0] for a in starts]
     after = [v for m in minutes for v in m]
     slo = s.slo_chat_ttft_p95_ms
@@ -116,16 +117,7 @@ def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: floa
 
 def first_minute(s: Scenario, start: float, spec: str, seed: int, ramp_per_s: float) -> list[float]:
     """Chat TTFTs of the minute after `start`, the job let in at `ramp_per_s`."""
-    rec = bc.make(spec, s)
-    run_virtual(
-        s,
-        s.duration_s,
-        rec,
-        seed=seed,
-        warmup_s=bc.WARMUP_S,
-        hold_slots=True,
-        ramp_per_s=ramp_per_s,
-    )
+    rec, _ = run_lab(s, spec, seed, ramp_per_s=ramp_per_s)
     return [v for t, v in rec.samples if start <= t < start + 60.0]
 
 
