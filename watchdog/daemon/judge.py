@@ -172,19 +172,12 @@ class Judge:
             if newest[event.kind] == event.id and self.monitor.adopt(event, same_runtime=same):
                 log.info("carrying on %s, open since an earlier run", event.id)
                 continue
-            evidence = dict(event.evidence, ended_because=RESTARTED)
             end = max(ts, event.start_ts)
-            done = DriftEvent(
-                id=event.id,
-                serial=event.serial,
-                kind=event.kind,
+            done = replace(
+                event,
                 change="closed",
-                start_ts=event.start_ts,
                 end_ts=end,
-                cause=event.cause,
-                baseline_p95_ms=event.baseline_p95_ms,
-                peak_p95_ms=event.peak_p95_ms,
-                evidence=evidence,
+                evidence=dict(event.evidence, ended_because=RESTARTED),
                 message=closed_message(end - event.start_ts, event.message, RESTARTED),
                 ts=end,
             )
