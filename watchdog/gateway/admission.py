@@ -93,12 +93,11 @@ class Ramp:
         limit = self.limit(target, now)
         if limit >= target:
             return None
-        return self.t0 + (limit + 1 - self.start) / self.per_s
+        return self.reaches(limit + 1)
 
-    def reaches(self, n: int, target: int, now: float) -> float:
-        """When the limit reaches `n` (≤ `target`) on this climb: `now` if it already has."""
-        if self.per_s <= 0 or self.limit(target, now) >= min(n, target):
-            return now
+    def reaches(self, n: int) -> float:
+        """When the limit reaches `n` on this climb (a time past if it already has); only
+        while ramping (`per_s` > 0)."""
         return self.t0 + (n - self.start) / self.per_s
 
     def observe(self, target: int, now: float, inflight: int, waiting: bool) -> None:
@@ -169,7 +168,7 @@ class Allowance:
         limit = self.limit(now)
         if limit >= place or place > self.value:
             return None
-        return self.ramp.reaches(place, self.value, now)
+        return self.ramp.reaches(place)
 
     def _retarget(self, value: int, now: float, inflight: int) -> None:
         self.ramp.retarget(self.limit(now), value, now, inflight)
