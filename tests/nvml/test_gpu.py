@@ -430,9 +430,15 @@ def test_hung_call_is_bounded_and_does_not_pile_up_threads(
 
     fake.release.set()
     wait_until(lambda: not reader.stalled)
+    clock.now += 1
     samples, events = reader.sample()
-    assert events == []
+    # The hang's end is told, so that its alert resolves.
+    assert kinds(events) == [("gpu_recovered", 0)]
+    assert "GPU 0 answers NVML again after 6 s (nvmlDeviceGetPowerUsage returned)" in (
+        events[0].detail
+    )
     assert by_index(samples)[0].power_w == pytest.approx(182.345)
+    assert reader.sample()[1] == []  # told once
     assert len(worker_threads()) == 1
 
     reader.stop()

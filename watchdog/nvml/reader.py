@@ -50,7 +50,8 @@ one `gpu_lost` event, then NVML is shut down and initialised again with exponent
 the injected clock, and `gpu_recovered` when the GPU answers again. No library or driver:
 `start()` returns False, the log says so once, and the first `sample()` carries one
 `nvml_unavailable` event. Every call runs on one worker thread; one GPU's reading in
-`sample()` runs there as one batch and is waited for at most `call_timeout_s`. See
+`sample()` runs there as one batch and is waited for at most `call_timeout_s`: past it, one
+`nvml_timeout` event, and `gpu_recovered` once the call has returned. See
 `_NvmlWorker` for why one thread and what happens while a call hangs.
 
 Logging: the latency-only notice is a WARNING, once per reader. What is returned as a GpuEvent
@@ -293,7 +294,8 @@ class NvmlReader:
         self._backoff_s = REINIT_BACKOFF_INITIAL_S
         self._reinit_at: float | None = None
         self._reinit_attempts = 0
-        self._stalled_call: str | None = None
+        # The NVML call that timed out, the GPU it was on and when: sampling waits for it.
+        self._stall: tuple[str, int | None, float] | None = None
         self._abandoned: _NvmlWorker | None = None  # a worker left blocked in the driver
 
     # -- public ------------------------------------------------------------------------------
@@ -369,11 +371,19 @@ class NvmlReader:
                 return samples, events
             if worker.busy is not None:
                 return samples, events  # paused: the hung call still holds the worker
-            if self._stalled_call is not None:
-                self._log.info(
-                    "NVML answers again (%s returned); sampling resumes", self._stalled_call
+            if self._stall is not None:
+                # The timeout was an event (and an alert): its end is one too, or the
+                # alert stays firing after the driver has long recovered.
+                name, index, since = self._stall
+                self._stall = None
+                now = self._clock()
+                what = "NVML" if index is None else f"GPU {index}"
+                detail = (
+                    f"{what} answers NVML again after {max(0.0, now - since):.0f} s "
+                    f"({name} returned); sampling resumes"
                 )
-                self._stalled_call = None
+                events.append(GpuEvent(now, "gpu_recovered", index, detail))
+                self._log.info("%s", detail)
             gpu_index: int | None = None
             try:
                 if self._reinit_due(self._clock()):
@@ -390,9 +400,10 @@ class NvmlReader:
                         self._mark_lost(gpu, str(lost), events)
                 gpu_index = None
             except NvmlTimeout as exc:
-                self._stalled_call = exc.name
+                now = self._clock()
+                self._stall = (exc.name, gpu_index, now)
                 detail = f"{exc}; GPU sampling paused until it returns"
-                events.append(GpuEvent(self._clock(), "nvml_timeout", gpu_index, detail))
+                events.append(GpuEvent(now, "nvml_timeout", gpu_index, detail))
                 self._log.info("NVML call timed out on GPU %s: %s", gpu_index, detail)
             return samples, events
 
