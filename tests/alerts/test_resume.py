@@ -91,10 +91,14 @@ def test_owed_resolves_reads_delivered_firing_alerts_of_open_events(store: Store
     sent(store, firing("drift:probes_failing-2"), "log", T0 + 11)
     sent(store, resolved("drift:probes_failing-2", T0 + 15), "log", T0 + 15)  # told already
     sent(store, firing("drift:probes_failing-3"), "log", T0 + 21)  # its event is over
-    sent(store, firing("telemetry:0", kind="telemetry_lost"), "log", T0 + 2)  # not a drift event
+    # GPU telemetry lost has no drift event: owed until that GPU's resolved alert got through.
+    sent(store, firing("telemetry:0", kind="telemetry_lost"), "log", T0 + 2)
+    sent(store, firing("telemetry:1", kind="telemetry_lost"), "log", T0 + 3)
+    sent(store, resolved("telemetry:1", T0 + 4, kind="telemetry_lost"), "log", T0 + 4)
     rows = owed_resolves(store)
-    assert [(r["key"], r["sink"], r["start_ts"]) for r in rows] == [
-        ("drift:probes_failing-1", "log", T0)
+    assert [(r["key"], r["sink"], r["start_ts"], r["sent_ts"]) for r in rows] == [
+        ("drift:probes_failing-1", "log", T0, T0 + 1),
+        ("telemetry:0", "log", None, T0 + 2),
     ]
     assert rows[0]["title"] == "Canary probes failing"
     assert rows[0]["severity"] == "critical"

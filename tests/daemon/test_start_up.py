@@ -19,6 +19,7 @@ from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import DriftEvent
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.records import save_event
+from tests.helpers import fakenvml
 from tests.helpers.streamserver import StreamServer, closed_port_url
 
 
@@ -289,3 +290,51 @@ def test_an_alerted_event_closed_at_start_up_sends_a_resolved_alert_saying_so(db
     assert closed[0]["end_ts"] is not None
     assert failing_alerts(sink) == [("firing", key), ("resolved", key)]
     assert "(daemon restarted)" in sink.sent[-1].message
+
+
+def run_gpu(nvml, db: Path, store: Store, samples: int, sinks: list) -> list[str]:
+    """One daemon run sampling `nvml` (no probes); the GPU event kinds it recorded."""
+    alerts = AlertManager(sinks, store, AlertConfig(tick_interval_s=None))
+    settings = settings_from_dict(
+        {
+            "server": {"url": closed_port_url(), "model": "m"},
+            "gpu": {"enabled": True, "call_timeout": "1s"},
+            "storage": {"path": str(db)},
+            "api": {"listen": ""},
+        },
+        "test.toml",
+    )
+    try:
+        daemon = Daemon(settings, store, nvml=nvml, alerts=alerts)
+        daemon.startup()
+        try:
+            for _ in range(samples):
+                daemon.sample_gpu()
+        finally:
+            daemon.shutdown(timeout_s=2)
+        assert alerts.flush(5)
+    finally:
+        alerts.close()
+    return [e["kind"] for e in store.gpu_events()]
+
+
+def telemetry_alerts(sink: RecordingSink) -> list[tuple[str, str, str]]:
+    return [(a.state, a.key, a.message) for a in sink.sent if a.kind == "telemetry_lost"]
+
+
+def test_a_gpu_lost_before_a_restart_resolves_when_it_answers_after_it(db_path):
+    # GPU 0 falls off the bus and the daemon is restarted before it is back (a reboot of the
+    # service, a crash): the new run never saw it lost and tells no recovery of its own.
+    sink = RecordingSink()
+    with Store(db_path) as store:
+        lost = fakenvml.scenario_gpu_lost(lost_after_samples=1, back_after_inits=99)
+        assert "gpu_lost" in run_gpu(lost, db_path, store, 3, [sink])
+        assert [a[:2] for a in telemetry_alerts(sink)] == [("firing", "telemetry:0")]
+        # Restarted with GPU 0 still gone: the alert is carried on, not sent again.
+        still = fakenvml.scenario_gpu_lost(lost_after_samples=0, back_after_inits=99)
+        assert run_gpu(still, db_path, store, 3, [sink]).count("gpu_lost") == 2
+        assert [a[:2] for a in telemetry_alerts(sink)] == [("firing", "telemetry:0")]
+        # Restarted with both GPUs answering: the first reading resolves it, once.
+        run_gpu(fakenvml.scenario_basic(), db_path, store, 3, [sink])
+        run_gpu(fakenvml.scenario_basic(), db_path, store, 2, [sink])
+    assert telemetry_alerts(sink)[1:] == [("resolved", "telemetry:0", "GPU 0 answers NVML again")]

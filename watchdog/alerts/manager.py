@@ -241,6 +241,7 @@ class AlertManager:
         self._deliveries: dict[tuple[str, str], int] = {}  # (sink, ok|failed) -> count
         self._ticker: threading.Thread | None = None
         self._started = self._closed = False
+        self._carried: list[str] = []  # keys of the alerts `resume` carried on
         if hasattr(recorder, "rows") and hasattr(recorder, "insert"):
             self.resume_from(recorder)
         if start:
@@ -249,6 +250,13 @@ class AlertManager:
     @property
     def sinks(self) -> list[Sink]:
         return [w.sink for w in self._workers]
+
+    @property
+    def carried_keys(self) -> list[str]:
+        """Keys of the alerts carried on from before the restart that still fire."""
+        with self._lock:
+            active = set(self.policy.active_keys)
+        return [k for k in self._carried if k in active]
 
     def start(self) -> None:
         if self._started:
@@ -305,6 +313,7 @@ class AlertManager:
             for alert, _ in found.values():
                 self.policy.restore(alert)
                 carried.append(alert)
+                self._carried.append(alert.key)
         for w in self._workers:
             for alert, sinks in found.values():
                 if w.sink.name in sinks:

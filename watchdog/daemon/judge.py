@@ -127,6 +127,7 @@ class Judge:
         self.fingerprint_id: str | None = None
         # (error class, url) of the latest failed probes, as many as the failure window.
         self.failures: deque[tuple[str, str]] = deque(maxlen=drift_config.fail_window)
+        self._answered: set[str] = set()  # telemetry alert keys checked since start
 
     def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
         """Judge against the baseline of this runtime; a change of runtime re-baselines."""
@@ -242,6 +243,23 @@ class Judge:
         alert = telemetry_alert(ev)
         if alert is not None and self.alerts is not None:
             self.alerts.submit(alert)
+
+    def gpu_answered(self, samples: list[GpuSample]) -> None:
+        """Resolve a telemetry alert an earlier run sent for a GPU that samples again.
+
+        This run's reader never saw that GPU lost, so it tells no recovery: the first reading
+        of each GPU after a restart is the recovery. Once per GPU and run."""
+        if self.alerts is None or not samples:
+            return
+        carried = set(getattr(self.alerts, "carried_keys", ()))
+        for index in [*(s.gpu_index for s in samples), None]:
+            key = f"telemetry:{index}"
+            if key in self._answered or key not in carried:
+                continue
+            self._answered.add(key)
+            alert = telemetry_alert(GpuEvent(samples[0].ts, "gpu_recovered", index, ""))
+            if alert is not None:
+                self.alerts.submit(alert)
 
     def _publish(self, events: list[DriftEvent]) -> None:
         for ev in events:

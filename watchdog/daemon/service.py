@@ -449,6 +449,8 @@ class Daemon:
                         learned[0],
                         learned[1],
                     )
+            if self.judge is not None:
+                self.judge.gpu_answered(samples)
             if self.steer is not None:
                 serving = self.serving_gpu()
                 onset = self.onset(serving)

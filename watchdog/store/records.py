@@ -115,26 +115,36 @@ def open_events(store: Store) -> list[tuple[DriftEvent, str | None]]:
 
 def deliveries(store: Store, since_ts: float) -> list[dict[str, Any]]:
     """Final alert deliveries (one row per alert and sink, after its retries), oldest first."""
-    return store.rows(
-        "SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,)
-    )
+    return store.rows("SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,))
 
 
 def owed_resolves(store: Store) -> list[dict[str, Any]]:
-    """Firing alerts of drift events still open that reached a sink which has had no resolved
-    alert for them since: what a daemon starting over this store owes a "resolved" to, one
-    row per alert and sink, oldest first.
+    """Firing alerts that reached a sink which has had no resolved alert for them since, and
+    whose condition may still hold: what a daemon starting over this store owes a "resolved"
+    to, one row per alert and sink, oldest first.
 
-    A drift event's alert key is "drift:<event id>" (llm_watchdog.daemon.judge.alert_for).
-    Each row has the alert's key, kind, severity, title and message as it was sent, the sink,
-    `sent_ts` (when it got through) and the event's `start_ts`, `cause` and `event_id`.
+    Those are the alerts of drift events still open (key "drift:<event id>",
+    llm_watchdog.daemon.judge.alert_for) and of GPU telemetry lost ("telemetry:<index>",
+    `telemetry_alert`), which the next run resolves once that GPU answers. Each row has the
+    alert's key, kind, severity, title and message as it was sent, the sink, `sent_ts` (when
+    it got through), and for a drift event its `start_ts`, `cause` and `event_id` (None for
+    telemetry).
     """
+    unresolved = (
+        "a.state = 'firing' AND a.ok = 1 AND a.final = 1 "
+        "AND NOT EXISTS (SELECT 1 FROM alerts r WHERE r.key = a.key AND r.sink = a.sink "
+        "AND r.state = 'resolved' AND r.ok = 1 AND r.ts >= a.ts)"
+    )
     return store.rows(
+        "SELECT * FROM ("
         "SELECT a.key, a.kind, a.severity, a.sink, a.title, a.message, MAX(a.ts) AS sent_ts, "
         "e.id AS event_id, e.start_ts, e.cause "
         "FROM drift_events e JOIN alerts a ON a.key = 'drift:' || e.id "
-        "WHERE e.end_ts IS NULL AND a.state = 'firing' AND a.ok = 1 AND a.final = 1 "
-        "AND NOT EXISTS (SELECT 1 FROM alerts r WHERE r.key = a.key AND r.sink = a.sink "
-        "AND r.state = 'resolved' AND r.ok = 1 AND r.ts >= a.ts) "
-        "GROUP BY a.key, a.sink ORDER BY sent_ts, a.key, a.sink"
+        f"WHERE e.end_ts IS NULL AND {unresolved} GROUP BY a.key, a.sink "
+        "UNION ALL "
+        "SELECT a.key, a.kind, a.severity, a.sink, a.title, a.message, MAX(a.ts) AS sent_ts, "
+        "NULL, NULL, NULL FROM alerts a "
+        f"WHERE a.kind = 'telemetry_lost' AND a.key LIKE 'telemetry:%' AND {unresolved} "
+        "GROUP BY a.key, a.sink"
+        ") ORDER BY sent_ts, key, sink"
     )
