@@ -14,7 +14,13 @@ from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager, MemoryAlertLog, as_recorder, attempt_row
 from llm_watchdog.alerts.sinks import BaseSink, DeliveryError
 from llm_watchdog.store.db import Store
-from llm_watchdog.store.migrations import Migration, discover, m003_alerts, migrate
+from llm_watchdog.store.migrations import (
+    Migration,
+    discover,
+    m003_alerts,
+    m010_alert_cause,
+    migrate,
+)
 from tests.helpers.builders import FakeClock
 
 T0 = 1_700_000_000.0
@@ -264,16 +270,24 @@ def test_memory_log_drain_hands_rows_over_once() -> None:
 
 
 def test_rows_fit_the_alerts_table(db: sqlite_utils.Database) -> None:
-    assert "m003_alerts" in [m.name for m in discover()]
-    migrate(db, [Migration(3, "m003_alerts", m003_alerts.up)])
+    names = [m.name for m in discover()]
+    assert "m003_alerts" in names and "m010_alert_cause" in names
+    migrate(
+        db,
+        [
+            Migration(3, "m003_alerts", m003_alerts.up),
+            Migration(10, "m010_alert_cause", m010_alert_cause.up),
+        ],
+    )
     ok = attempt_row(event("a"), "ops-slack", T0, ok=True, attempts=1)
     failed = attempt_row(event("a"), "ops-slack", T0 + 1, ok=False, attempts=5, error="503")
     for row in (ok, failed):
         db.table("alerts").insert(row, alter=False)  # a column the table lacks would fail
-    got = list(db.query("SELECT sink, ok, attempts, final, error FROM alerts ORDER BY ts"))
+    got = list(db.query("SELECT sink, ok, attempts, final, error, cause FROM alerts ORDER BY ts"))
+    cause = event("a").cause
     assert got == [
-        {"sink": "ops-slack", "ok": 1, "attempts": 1, "final": 1, "error": None},
-        {"sink": "ops-slack", "ok": 0, "attempts": 5, "final": 1, "error": "503"},
+        {"sink": "ops-slack", "ok": 1, "attempts": 1, "final": 1, "error": None, "cause": cause},
+        {"sink": "ops-slack", "ok": 0, "attempts": 5, "final": 1, "error": "503", "cause": cause},
     ]
     assert {"idx_alerts_ts", "idx_alerts_key"} <= {i.name for i in db.table("alerts").indexes}
 

@@ -11,11 +11,13 @@ from typing import Any
 import httpx
 
 from llm_watchdog.actuators.base import ReadBack
+from llm_watchdog.alerts import AlertConfig, AlertManager
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.models import ProbeResult
 from llm_watchdog.store.db import Store
+from tests.daemon.test_start_up import RecordingSink
 from tests.helpers.builders import FakeClock, probe_result
 from tests.helpers.streamserver import StreamServer
 
@@ -102,8 +104,9 @@ class LyingActuator:
 
     name = "liar"
 
-    def __init__(self) -> None:
+    def __init__(self, lying: bool = True) -> None:
         self.written: int | None = None
+        self.lying = lying
 
     def apply(self, allowance: int, lease_s: float, reason: str):
         from llm_watchdog.actuators.base import ApplyResult
@@ -112,6 +115,8 @@ class LyingActuator:
         return ApplyResult(ok=True, allowance=allowance, detail="ok", lease_s=lease_s)
 
     def read_back(self) -> ReadBack:
+        if not self.lying and self.written is not None:
+            return ReadBack(allowance=self.written, inflight=0)
         return ReadBack(allowance=8, inflight=8)
 
     def verify(self, expected: int, *, check_inflight: bool = True):
@@ -147,6 +152,57 @@ def test_a_write_that_does_not_take_effect_raises_control_not_effective(store):
     assert rows and rows[0]["verify_kind"] == "not_effective"
     assert "control not effective" in rows[0]["verify_detail"]
     assert [a.kind for a in alerts.sent][:1] == ["control_not_effective"]
+
+
+def slow_chat(steer: Steer, clock: FakeClock, steps: int) -> None:
+    for _ in range(steps):
+        for _ in range(3):
+            steer.canary(canary(400.0))
+        clock.now += 5
+        steer.step()
+
+
+def control_alerts(sent: list) -> list[tuple[str, str, str | None]]:
+    return [(a.state, a.key, a.cause) for a in sent if a.kind == "control_not_effective"]
+
+
+def test_control_that_takes_effect_again_resolves_its_alert_once(store):
+    clock = FakeClock(1000.0)
+    alerts = Alerts()
+    cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
+    actuator = LyingActuator()
+    steer = Steer(cfg, actuator, store, alerts=alerts, clock=clock, monotonic=clock)
+    slow_chat(steer, clock, 6)
+    assert control_alerts(alerts.sent)[:1] == [("firing", "control:not_effective:liar", "load")]
+    actuator.lying = False  # the serving layer honours the writes again
+    slow_chat(steer, clock, 12)
+    fired = len([a for a in control_alerts(alerts.sent) if a[0] == "firing"])
+    assert control_alerts(alerts.sent)[fired:] == [
+        ("resolved", "control:not_effective:liar", "load")
+    ]
+    assert "allowance" in alerts.sent[-1].message and "in force" in alerts.sent[-1].message
+
+
+def test_a_not_effective_alert_sent_before_a_restart_resolves_after_it(store):
+    def run(actuator: LyingActuator, sink: RecordingSink) -> None:
+        clock = FakeClock(1000.0)
+        manager = AlertManager([sink], store, AlertConfig(tick_interval_s=None))
+        try:
+            cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
+            steer = Steer(cfg, actuator, store, alerts=manager, clock=clock, monotonic=clock)
+            slow_chat(steer, clock, 12)
+            assert manager.flush(5)
+        finally:
+            manager.close()
+
+    sink = RecordingSink()
+    run(LyingActuator(), sink)
+    assert control_alerts(sink.sent) == [("firing", "control:not_effective:liar", "load")]
+    run(LyingActuator(lying=False), sink)  # restarted; the gateway honours writes now
+    assert control_alerts(sink.sent) == [
+        ("firing", "control:not_effective:liar", "load"),
+        ("resolved", "control:not_effective:liar", "load"),  # the label Alertmanager matches
+    ]
 
 
 def test_chat_arrivals_and_in_flight_from_the_gateway_reach_the_law(tmp_path):

@@ -117,13 +117,18 @@ def verify_with(actuator: Actuator, expected: int, check_inflight: bool = True) 
     return check(actuator.name, expected, rb, check_inflight)
 
 
+def not_effective_key(target: str) -> str:
+    """The alert key of `target`'s control not taking effect: one alert per actuator."""
+    return f"control:not_effective:{target}"
+
+
 def not_effective_event(v: Verification, *, ts: float, target: str) -> AlertEvent | None:
     """The alert for a failed verification (None when it passed or could not be checked)."""
     if v.kind not in ("not_effective", "unreadable"):
         return None
     rb = v.read_back
     return AlertEvent(
-        key=f"control:not_effective:{target}",
+        key=not_effective_key(target),
         kind="control_not_effective",
         state="firing",
         ts=ts,
@@ -131,6 +136,21 @@ def not_effective_event(v: Verification, *, ts: float, target: str) -> AlertEven
         message=v.detail,
         cause="load",
         fields={} if rb is None else {"allowance": rb.allowance, "inflight": rb.inflight},
+    )
+
+
+def effective_event(v: Verification, *, ts: float, target: str) -> AlertEvent | None:
+    """The end of a not-effective alert: a verification that passed (None otherwise)."""
+    if not v.ok:
+        return None
+    return AlertEvent(
+        key=not_effective_key(target),
+        kind="control_not_effective",
+        state="resolved",
+        ts=ts,
+        title="",
+        message=v.detail,
+        cause="load",
     )
 
 

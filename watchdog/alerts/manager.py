@@ -105,6 +105,7 @@ def attempt_row(
         "error": error,
         "title": alert.title,
         "message": alert.message,
+        "cause": alert.cause,  # migration m010_alert_cause
     }
 
 

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llm_watchdog.actuators.base import Actuator, ActuatorError, not_effective_event
+from llm_watchdog.actuators.base import (
+    Actuator,
+    ActuatorError,
+    effective_event,
+    not_effective_event,
+    not_effective_key,
+)
 from llm_watchdog.actuators.gateway import GatewayActuator
 from llm_watchdog.control.headroom import observation_from
 from llm_watchdog.control.law import (
@@ -100,6 +106,10 @@ class Steer:
         self.last_action: ControlAction | None = None
         self.action_counts: dict[str, int] = {}  # by the law's kind, for /metrics
         self.not_effective = False
+        # A not-effective alert fires (this run, or carried on from before a restart): the
+        # next verification that passes resolves it.
+        key = not_effective_key(actuator.name)
+        self._alert_firing = key in getattr(alerts, "carried_keys", ())
 
     # ---- inputs, from the daemon's other jobs -------------------------------------------
 
@@ -327,8 +337,14 @@ class Steer:
         if not v.ok:
             log.warning("%s", v.detail)
             alert = not_effective_event(v, ts=self.clock(), target=self.actuator.name)
-            if alert is not None and self.alerts is not None:
-                self.alerts.submit(alert)
+        elif self._alert_firing:
+            log.info("%s: control takes effect again", v.detail)
+            alert = effective_event(v, ts=self.clock(), target=self.actuator.name)
+        else:
+            alert = None
+        if alert is not None and self.alerts is not None:
+            self.alerts.submit(alert)
+            self._alert_firing = alert.state == "firing"
 
     def snapshot(self) -> dict[str, Any]:
         a = self.last_action

@@ -124,11 +124,12 @@ def owed_resolves(store: Store) -> list[dict[str, Any]]:
     to, one row per alert and sink, oldest first.
 
     Those are the alerts of drift events still open (key "drift:<event id>",
-    llm_watchdog.daemon.judge.alert_for) and of GPU telemetry lost ("telemetry:<index>",
-    `telemetry_alert`), which the next run resolves once that GPU answers. Each row has the
-    alert's key, kind, severity, title and message as it was sent, the sink, `sent_ts` (when
-    it got through), and for a drift event its `start_ts`, `cause` and `event_id` (None for
-    telemetry).
+    llm_watchdog.daemon.judge.alert_for), of GPU telemetry lost ("telemetry:<index>",
+    `telemetry_alert`), which the next run resolves once that GPU answers, and of control not
+    taking effect ("control:not_effective:<actuator>"), resolved by the next write that
+    does. Each row has the alert's key, kind, severity, title, message and cause as it was
+    sent (a drift alert's cause is its event's), the sink, `sent_ts` (when it got through),
+    and for a drift event its `start_ts` and `event_id` (None for the others).
     """
     unresolved = (
         "a.state = 'firing' AND a.ok = 1 AND a.final = 1 "
@@ -143,8 +144,8 @@ def owed_resolves(store: Store) -> list[dict[str, Any]]:
         f"WHERE e.end_ts IS NULL AND {unresolved} GROUP BY a.key, a.sink "
         "UNION ALL "
         "SELECT a.key, a.kind, a.severity, a.sink, a.title, a.message, MAX(a.ts) AS sent_ts, "
-        "NULL, NULL, NULL FROM alerts a "
-        f"WHERE a.kind = 'telemetry_lost' AND a.key LIKE 'telemetry:%' AND {unresolved} "
+        "NULL, NULL, a.cause FROM alerts a "
+        f"WHERE a.kind IN ('telemetry_lost', 'control_not_effective') AND {unresolved} "
         "GROUP BY a.key, a.sink"
         ") ORDER BY sent_ts, key, sink"
     )
