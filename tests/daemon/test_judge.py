@@ -141,6 +141,8 @@ def test_slowdown_is_caught_stored_alerted_and_resolved(tmp_path, db_path, hook)
         ("chat_slowed", "firing", True),
         ("chat_slowed", "resolved", True),
     }
+    # Both carry the event's cause: the label Alertmanager matches a resolved alert by.
+    assert {a["cause"] for a in sent if a["kind"] == "chat_slowed"} == {ev["cause"]}
 
 
 def test_replay_reports_bad_rows_with_line_numbers(tmp_path):

@@ -357,7 +357,18 @@ def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
 
 # ---- alerts ---------------------------------------------------------------------------------
 
-ALERT_COLUMNS = ["time", "kind", "state", "severity", "sink", "ok", "attempts", "error", "message"]
+ALERT_COLUMNS = [
+    "time",
+    "kind",
+    "cause",
+    "state",
+    "severity",
+    "sink",
+    "ok",
+    "attempts",
+    "error",
+    "message",
+]
 
 
 @cli.group(invoke_without_command=True)
