@@ -555,7 +555,13 @@ def test_a_job_the_idle_ramp_paces_is_not_turned_away_but_one_over_its_allowance
     time.sleep(0.4)  # the allowance of 4 stands unused: the job's streams are ramped
     started = time.monotonic()
     job = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(4)]
-    wait_for(lambda: engine.count("open") >= 1)
+    # All four in line before the fifth comes (one let in, three held by the ramp): on a
+    # loaded machine a thread may send its request late, and the fifth would take its turn.
+    def at_gateway() -> int:
+        batch = batch_state(http, gw)
+        return int(batch["inflight"] + batch["queued"])
+
+    wait_for(lambda: at_gateway() == 4, what="the job's four streams at the gateway")
     over = http.post(gw.url + CHAT_URL, json=chat_body(), headers=batch_headers())
     assert over.status_code == 429  # a fifth has no room in the allowance: it waits 0.3 s
     # The ramp lets one in every 0.25 s: the fourth waits 0.75 s, past the queue wait, and
