@@ -99,6 +99,12 @@ def make_folder(settings: Settings) -> None:
         ) from None
 
 
+# A group given no command (click ≥ 8.2 raises it as a UsageError; 8.1 prints the help).
+_NO_ARGS: tuple[type[BaseException], ...] = tuple(
+    filter(None, [getattr(click.exceptions, "NoArgsIsHelpError", None)])
+)
+
+
 class OneLineGroup(click.Group):
     """The group that prints every usage error as one line (exit 2) and a failure no command
     caught as one line too (exit 1), instead of click's usage block or a traceback.
@@ -118,6 +124,11 @@ class OneLineGroup(click.Group):
         try:
             rv = inner(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
+            if isinstance(exc, _NO_ARGS) and exc.ctx is not None:
+                # `llm-watchdog` or `llm-watchdog sim` alone: the help itself, as it reads
+                # with --help, not folded into one line.
+                click.echo(exc.ctx.get_help())
+                sys.exit(EXIT_USAGE)
             where = exc.ctx.command_path if exc.ctx is not None else "llm-watchdog"
             click.echo(
                 f"{where}: {printable(exc.format_message())} (see `{where} --help`)", err=True
