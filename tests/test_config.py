@@ -64,6 +64,10 @@ def test_file_values_and_durations(tmp_path):
         ("[probe\n", r"not valid TOML"),
         ("[api]\nlisten = 'nope'\n", r"\[api\] listen: expected HOST:PORT"),
         ("[drift]\nshift_ratio = 0.9\n", r"\[drift\] shift_ratio must be > 1"),
+        # The file's names, not the detector's (baseline_n, arl0_probes).
+        ("[drift]\nbaseline_probes = 5\n", r"\[drift\] baseline_probes must be >= 20$"),
+        ("[drift]\nfalse_alarm_probes = 5\n", r"\[drift\] false_alarm_probes must be > 10$"),
+        ("[drift]\nheat_horizon = '0s'\n", r"\[drift\] heat_horizon must be > 0$"),
         ("[alerts]\nmin_severity = 'loud'\n", r"alerts.min_severity"),
     ],
 )
@@ -147,6 +151,12 @@ def test_parse_when():
 
 def test_exit_code_constant():
     assert EX_CONFIG == 78 and sys.platform
+
+
+def test_a_large_baseline_is_waited_for_not_refused(tmp_path):
+    s = load_settings(str(write(tmp_path, "[drift]\nbaseline_probes = 1000\n")), env={})
+    assert (s.drift_config().baseline_n, s.drift_config().baseline_max_wait) == (1000, 3000)
+    assert load_settings(None, env={}).drift_config().baseline_max_wait == 900
 
 
 def test_drift_min_rise_reaches_the_detector(tmp_path):

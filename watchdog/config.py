@@ -286,6 +286,9 @@ class Settings:
         d = self.drift
         return DriftConfig(
             baseline_n=d.baseline_probes,
+            # Clean probes are waited for over three baselines' worth, as the default 900
+            # is for 300: a larger baseline_probes waits longer rather than being refused.
+            baseline_max_wait=3 * d.baseline_probes,
             shift_ratio=d.shift_ratio,
             min_rise_ms=d.min_rise_s * 1000.0,
             arl0_probes=d.false_alarm_probes,
@@ -296,6 +299,16 @@ class Settings:
             quality_window=d.quality_window,
         )
 
+
+# DriftConfig fields that [drift] names otherwise, for its errors.
+_DRIFT_KEYS = {
+    "baseline_n": "baseline_probes",
+    "arl0_probes": "false_alarm_probes",
+    "min_rise_ms": "min_rise",
+    "cold_start_limit_ms": "cold_start_limit",
+    "idle_after_s": "cold_after_idle",
+    "heat_horizon_s": "heat_horizon",
+}
 
 # [control] keys that are ControlConfig fields of the same name and unit.
 _LAW_FIELDS = (
@@ -585,6 +598,9 @@ def settings_from_dict(
         settings.drift_config()
     except ValueError as exc:
         text = str(exc).replace("drift config: ", "[drift] ")
+        # The detector's own names for what the file calls otherwise.
+        for field, key in _DRIFT_KEYS.items():
+            text = re.sub(rf"\b{field}\b", key, text)
         raise ConfigError(f"{source}: {text}{_env_note('drift', env_names)}") from None
     try:
         settings.control_config()
