@@ -50,3 +50,23 @@ def test_headroom_bad_since_is_a_usage_error(db_path):
         "headroom", "--since", "yesterday-ish", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
     )
     assert out.exit_code == 2 and "Traceback" not in out.output
+
+
+def test_the_reports_headroom_table_covers_its_span_only(db_path, tmp_path):
+    now = time.time()
+    with Store(db_path) as store:
+        fill(store, now)
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path), "LLM_WATCHDOG__CONTROL__TARGET_P95": "1s"}
+
+    def page(*span: str) -> str:
+        out_file = tmp_path / "r.html"
+        out = invoke("report", *span, "--out", str(out_file), env=env)
+        assert out.exit_code == 0, out.output
+        return out_file.read_text()
+
+    # The first, cool hour alone: the hot row is not in it.
+    first_hour = page("--since", "2h", "--until", "1h")
+    assert "<h2>Headroom</h2>" in first_hour
+    assert ">hot<" not in first_hour and ">cool<" in first_hour
+    # A span long before any probe: no table at all.
+    assert "<h2>Headroom</h2>" not in page("--since", "2020-01-01", "--until", "2020-01-02")

@@ -54,10 +54,13 @@ class TargetMs(click.ParamType):
         return ms
 
 
-def stored_map(store: Store, since_ts: float, target_ms: float) -> list[StateRow]:
-    """The headroom map of the newest fingerprint's probes since `since_ts`."""
+def stored_map(
+    store: Store, since_ts: float, target_ms: float, until_ts: float | None = None
+) -> list[StateRow]:
+    """The headroom map of the newest fingerprint's probes from `since_ts` to `until_ts`
+    (None: now)."""
     fp = store.latest_fingerprint()
-    rows = probe_states(store, since_ts, fp["id"] if fp else None)
+    rows = probe_states(store, since_ts, fp["id"] if fp else None, until_ts)
     return headroom_map((observation_from(r) for r in rows), target_ms)
 
 

@@ -106,11 +106,13 @@ def _target_ms(ctx: click.Context, target: str | None) -> float | None:
 HEADROOM_COLUMNS = ("state", "allowance", "bound", "confidence", "n", "unit", "settle")
 
 
-def _headroom(store: Store, since_ts: float, target_ms: float | None) -> list[dict[str, Any]]:
+def _headroom(
+    store: Store, since_ts: float, until_ts: float, target_ms: float | None
+) -> list[dict[str, Any]]:
     """The headroom map over the span's probes, as `llm-watchdog headroom` prints it."""
     if target_ms is None:
         return []
-    rows = stored_map(store, since_ts, target_ms)
+    rows = stored_map(store, since_ts, target_ms, until_ts)
     return [{k: r.to_dict()[k] for k in HEADROOM_COLUMNS} for r in rows]
 
 
@@ -143,7 +145,7 @@ def _from_store(
             gpu=store.gpu_samples(since_ts, until_ts),
             actions=control_actions(store, since_ts, until_ts),
             events=events(store, since_ts, until_ts),
-            headroom=_headroom(store, since_ts, target_ms),
+            headroom=_headroom(store, since_ts, until_ts, target_ms),
             target_p95_ms=target_ms,
             gpu_index=gpu_index,
         )

@@ -31,16 +31,22 @@ ORDER BY p.ts
 
 
 def probe_states(
-    store: Store, since_ts: float, fingerprint_id: str | None = None
+    store: Store,
+    since_ts: float,
+    fingerprint_id: str | None = None,
+    until_ts: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Probes since `since_ts` (of `fingerprint_id` where given), oldest first, each with the
-    GPU sample it was sent under. Probes without a batch in-flight count are left out: they
-    say nothing about headroom."""
+    """Probes from `since_ts` to `until_ts` (None: now; of `fingerprint_id` where given),
+    oldest first, each with the GPU sample it was sent under. Probes without a batch in-flight
+    count are left out: they say nothing about headroom."""
     params: list[Any] = [MAX_SAMPLE_AGE_S, since_ts]
     where = ""
     if fingerprint_id is not None:
         where = "AND p.fingerprint_id = ?"
         params.append(fingerprint_id)
+    if until_ts is not None:
+        where += " AND p.ts < ?"
+        params.append(until_ts)
     return store.rows(_SQL.format(fingerprint=where), params)
 
 
