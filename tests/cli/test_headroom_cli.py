@@ -70,3 +70,14 @@ def test_the_reports_headroom_table_covers_its_span_only(db_path, tmp_path):
     assert ">hot<" not in first_hour and ">cool<" in first_hour
     # A span long before any probe: no table at all.
     assert "<h2>Headroom</h2>" not in page("--since", "2020-01-01", "--until", "2020-01-02")
+
+
+def test_a_report_on_a_gpu_the_span_has_no_samples_of_is_a_usage_error(db_path, tmp_path):
+    with Store(db_path) as store:
+        fill(store, time.time())
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    out = invoke("report", "--gpu", "3", "--out", str(tmp_path / "r.html"), env=env)
+    assert out.exit_code == 2, out.output
+    assert "no samples of GPU 3 in this span; it has GPU 0" in out.output
+    assert not (tmp_path / "r.html").exists()
+    assert invoke("report", "--gpu", "0", "--out", str(tmp_path / "r.html"), env=env).exit_code == 0

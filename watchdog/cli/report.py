@@ -137,12 +137,20 @@ def _from_store(
         store = open_store(settings)
         source = f"database {settings.storage.path}"
     with store:
+        gpu = store.gpu_samples(since_ts, until_ts)
+        have = sorted({g["gpu_index"] for g in gpu})
+        if gpu_index is not None and have and gpu_index not in have:
+            raise click.BadParameter(
+                f"no samples of GPU {gpu_index} in this span; it has GPU "
+                f"{', '.join(map(str, have))}",
+                param_hint="--gpu",
+            )
         return from_rows(
             source=source,
             since_ts=since_ts,
             until_ts=until_ts,
             probes=store.probes(since_ts, until_ts),
-            gpu=store.gpu_samples(since_ts, until_ts),
+            gpu=gpu,
             actions=control_actions(store, since_ts, until_ts),
             events=events(store, since_ts, until_ts),
             headroom=_headroom(store, since_ts, until_ts, target_ms),
