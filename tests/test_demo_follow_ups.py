@@ -3,6 +3,7 @@ the config's default 2 s) and run as pasted, also where the venv is not activate
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shlex
 import sys
@@ -58,6 +59,14 @@ def test_the_headroom_follow_up_runs_as_printed_against_the_demos_target(tmp_pat
     assert "chat p95 TTFT target 400 ms" in out.output
     report = command_line(summary(result), "draw it")[2:]
     assert report[report.index("--since") + 1].startswith(time.strftime("%Y-"))
+    # The report ends where the run did, however long after it is pasted.
+    until = report[report.index("--until") + 1]
+    assert 0 < dt.datetime.fromisoformat(until).timestamp() - result.probes[-1][1].ts <= 2
+    out_file = tmp_path / "demo.html"
+    report[report.index("--out") + 1] = str(out_file)
+    out = CliRunner().invoke(cli, ["--config", os.devnull, "report", *report], env={}, obj={})
+    assert out.exit_code == 0, out.output
+    assert "1 windows" in out.output  # the one window with the run's probe, none after it
 
 
 def test_a_run_with_no_probes_offers_only_what_reads_without_them(tmp_path):

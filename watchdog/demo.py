@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import math
 import os
 import secrets
 import shlex
@@ -471,9 +472,14 @@ def follow_ups(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
     # From the run's second 0, in local time: the command reads the same run however long
     # after it is pasted (a `--since 10m` would miss it).
     since = dt.datetime.fromtimestamp(int(result.started_at)).isoformat()
+    # ... to its last probe's second: a report reaching on to now would draw the run in the
+    # first part of its charts, and count the empty windows after it.
+    last = max(p[1].ts for p in result.probes)
+    until = dt.datetime.fromtimestamp(math.ceil(last + 1)).isoformat()
     target = f" --target {duration_arg(result.target_p95_ms)}" if result.target_p95_ms else ""
     lines.append(
-        f"  draw it          {command} report --db {db} --since {since}{target} --out demo.html"
+        f"  draw it          {command} report --db {db} --since {since} --until {until}"
+        f"{target} --out demo.html"
     )
     lines.append(f"  headroom         {env} {command} headroom --since {since}{target}")
     return lines

@@ -97,6 +97,22 @@ def test_from_rows_windows_marks_scatter_and_notes() -> None:
     assert window_s(T0, T0 + 600, 10.0) == 120.0
     assert [v for v in r.ttft_p95_ms.values] == [100.0, 100.0, 2000.0, 2000.0, 2000.0]
     assert r.summary()["windows_over_target"] == 3
+    # A span that runs on past the probes counts only the windows that hold some.
+    later = from_rows(
+        source="t",
+        since_ts=T0,
+        until_ts=T0 + 1200,
+        probes=probes,
+        gpu=samples,
+        actions=actions,
+        events=events,
+        target_p95_ms=1500.0,
+    )
+    assert (
+        later.summary()["windows"]
+        == len([v for v in later.ttft_p95_ms.values if v])
+        < len(later.ttft_p95_ms.ts)
+    )
     # Only GPU 0 (the first), only real changes that were applied.
     assert max(v for v in r.temp_c.values if v is not None) < 73
     assert [m.label for m in r.actions] == ["cut 8→4"]
