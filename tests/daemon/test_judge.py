@@ -15,9 +15,9 @@ from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
-from tests.helpers.builders import FakeClock
+from tests.helpers.builders import FakeClock, probe_result
 from tests.helpers.fakenvml import scenario_basic
-from tests.helpers.streamserver import StreamServer
+from tests.helpers.streamserver import StreamServer, closed_port_url
 
 
 class Hook:
@@ -182,3 +182,30 @@ def test_baseline_capture_from_history_and_reset(db_path):
     assert "retired 1 baseline" in out.output
     out = runner.invoke(cli, ["baseline", "show", "--json"], env=env, obj={})
     assert out.output == ""
+
+
+def test_baseline_capture_against_a_server_that_is_not_up_fails_at_once_and_writes_nothing(
+    db_path,
+):
+    with Store(db_path) as store:
+        store.record_probe(probe_result(), None)  # what the database held before
+        before = store.rows("SELECT COUNT(*) AS n FROM probes")[0]["n"]
+    dead = closed_port_url()
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path), "LLM_WATCHDOG__SERVER__URL": dead}
+    out = CliRunner().invoke(cli, ["baseline", "capture", "--for", "5s"], env=env, obj={})
+    assert out.exit_code == 1, out.output
+    line = out.output.strip()
+    assert "\n" not in line and f"cannot reach {dead}" in line and "is the server running" in line
+    with Store(db_path) as store:
+        assert store.rows("SELECT COUNT(*) AS n FROM probes")[0]["n"] == before
+        assert store.rows("SELECT COUNT(*) AS n FROM fingerprints")[0]["n"] == 0
+
+
+def test_baseline_capture_says_each_new_probe_failure_once_as_it_happens(db_path):
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path), "LLM_WATCHDOG__PROBE__INTERVAL": "1s"}
+    with StreamServer(fault="status") as srv:  # up, but every chat request is a 500
+        env["LLM_WATCHDOG__SERVER__URL"] = srv.url
+        out = CliRunner().invoke(cli, ["baseline", "capture", "--for", "3s"], env=env, obj={})
+    assert out.exit_code == 1
+    failed = [line for line in out.output.splitlines() if line.startswith("probe failed:")]
+    assert len(failed) == 1 and "500" in failed[0], out.output

@@ -22,6 +22,7 @@ from llm_watchdog.cli.group import (
     cli,
     make_folder,
     open_store,
+    reach_server,
     settings_from,
     when_arg,
 )
@@ -35,6 +36,7 @@ from llm_watchdog.drift import (
 )
 from llm_watchdog.drift.replay import CONTRACT_COLUMNS, THRESHOLD_COLUMNS
 from llm_watchdog.durations import parse_duration
+from llm_watchdog.logs import printable
 from llm_watchdog.nvml.serving import worst_gpu
 from llm_watchdog.nvml.thresholds import throttle_onset
 from llm_watchdog.store.db import probe_from_row, sample_from_row
@@ -159,6 +161,10 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
         seconds = parse_duration(from_history or duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    if not from_history:
+        # A server that is not up would be probed, and fail, for the whole --for (30 min by
+        # default), and its failures and fingerprint left in the database.
+        reach_server(settings)
     make_folder(settings)
     with open_store(settings, must_exist=bool(from_history)) as store:
         if from_history:
@@ -201,6 +207,7 @@ def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any
     daemon = Daemon(quiet, store)
     daemon.startup()
     observations = []
+    said: str | None = None
     deadline = time.monotonic() + seconds
     click.echo(
         f"probing {settings.server.url} every {settings.probe.interval_s:g}s for {seconds:g}s …",
@@ -213,6 +220,9 @@ def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any
                 daemon.sample_gpu()
             result = daemon.probe_once()
             observations.append(observation_from(result, daemon.serving_gpu(), cold=result.cold))
+            if not result.ok and result.error_detail != said:
+                said = result.error_detail  # each new failure once, not one a probe
+                click.echo(f"probe failed: {printable(said or result.error_class)}", err=True)
             time.sleep(max(0.0, settings.probe.interval_s - (time.monotonic() - t0)))
     finally:
         daemon.shutdown(timeout_s=2)
