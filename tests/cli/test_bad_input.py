@@ -5,6 +5,7 @@ terminal escapes are one line too, and nothing the CLI reads changes a database.
 from __future__ import annotations
 
 import hashlib
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -190,3 +191,16 @@ def test_a_state_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     out = invoke(cfg, "baseline", "capture", "--for", "1s")
     assert out.exit_code == 1
     assert "cannot create the database folder" in one_line(out.output)
+
+
+def test_a_server_that_takes_the_connection_and_never_answers_is_not_called_unreachable(
+    config: Path,
+) -> None:
+    with socket.socket() as listener:  # the kernel accepts; nobody ever answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        out = invoke(config, "probe", "--url", url)
+    assert out.exit_code == 1
+    line = one_line(out.output)
+    assert "cannot reach" not in line and "no answer from" in line and "hung or still" in line

@@ -220,6 +220,10 @@ def api_key_or_fail(settings: Settings) -> str | None:
 
 def _unreachable(url: str, info: Any) -> str:
     detail = info.props.get("error") if isinstance(info.props, dict) else None
+    if detail == "timed out" and info.detail:
+        # It took the connection and never answered: up, but hung or still loading, not
+        # "cannot reach".
+        return str(info.detail)
     base = url.rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]
