@@ -466,6 +466,11 @@ def test_parse_put(data: Any, expected: Any) -> None:
         ({"priorities": {"chat": "high"}}, "priorities must map chat/batch to integers"),
         ({"listen_port": 70000}, r"listen_port must be in \[0, 65535\]"),
         ({"engine_slots": -2}, "engine_slots must be an integer >= 0 .*max_num_seqs"),
+        (
+            {"client_stall_timeout_s": -1},
+            r"client_stall_timeout_s must be >= 0 seconds \(0: never\)",
+        ),
+        ({"client_stall_timeout_s": float("nan")}, "client_stall_timeout_s must be >= 0 seconds"),
     ],
 )
 def test_config_rejects_what_cannot_work(overrides: dict[str, Any], message: str) -> None:

@@ -5,7 +5,9 @@ HTTP/1.0 and Expect: 100-continue (left to ASGI), and a graceful stop mid-stream
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from llm_watchdog.gateway import GatewayServer, direct
+from llm_watchdog.gateway import server as server_module
 from tests.gateway.test_gateway import (
     CHAT_URL,
     FakeEngine,
@@ -254,6 +257,117 @@ def test_a_slow_reader_pauses_the_engine_and_the_connection_is_reused_after(
         sock.sendall(post(CHAT_URL, chat_body(stream=False)))
         assert reader.read_answers(2)[1].status == 200
     assert engine.seen[0].client_port == engine.seen[1].client_port
+
+
+def tiny_reader(gw: GatewayServer) -> socket.socket:
+    """A client socket whose receive buffer fills at once: its answers back up in the
+    gateway's write buffer unless it reads."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024)
+    assert gw.port is not None
+    sock.connect(("127.0.0.1", gw.port))
+    return sock
+
+
+BIG_STREAM = {"X-Test-Delay-Ms": "0", "X-Test-Pad-Bytes": str(16 * 1024)}
+
+
+def test_a_client_that_stops_reading_loses_its_place_and_its_engine_connection(
+    engine: FakeEngine,
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llm_watchdog.gateway")
+    gw = make_gateway(batch_default_allowance=2, client_stall_timeout_s=0.5, max_queue_wait_s=1.0)
+    batch = {"X-Traffic-Class": "batch", **BIG_STREAM}
+    stalled = [tiny_reader(gw), tiny_reader(gw)]
+    try:
+        for sock in stalled:
+            sock.sendall(post(CHAT_URL, chat_body(max_tokens=1000), batch))  # 16 MiB
+        wait_for(lambda: engine.count(path=CHAT_URL) == 2, what="both streams at the engine")
+        assert batch_state(http, gw)["inflight"] == 2
+        # Backpressure holds the engine back and no upstream timeout fires; the stall
+        # timeout ends both, however long the clients stay connected.
+        wait_for(lambda: batch_state(http, gw)["inflight"] == 0, what="the places freed")
+        wait_for(lambda: engine.count("cancelled") == 2, what="the engine's streams closed")
+        observed = batch_state(http, gw)["observed"]
+        assert (observed["stalled_total"], observed["disconnected_total"]) == (2, 0)
+        for sock in stalled:  # the gateway dropped the connection, unread bytes and all
+            sock.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                while sock.recv(65536):
+                    pass
+    finally:
+        for sock in stalled:
+            sock.close()
+    lines = [r.getMessage() for r in caplog.records if "--client-stall-timeout" in r.getMessage()]
+    assert (
+        lines
+        == [
+            "batch request POST /v1/chat/completions ended: the client took no bytes of the answer "
+            "for 0.5 s (--client-stall-timeout)"
+        ]
+        * 2
+    )
+    # A third batch request finds a place at once.
+    with connect(gw) as sock:
+        sock.sendall(post(CHAT_URL, chat_body(), {"X-Traffic-Class": "batch"}))
+        assert Reader(sock).read_answers(1)[0].status == 200
+    text = http.get(gw.url + "/metrics").text
+    assert 'llm_watchdog_gateway_requests_total{class="batch",outcome="stalled"} 2.0' in text
+
+
+def small_send_buffers(monkeypatch: Any) -> None:
+    """Gateways started from now on give each client socket a 16 KiB send buffer: what the
+    client has not taken stays in the gateway's write buffer, where the gateway sees it
+    drain, instead of in the megabytes the kernel would otherwise hold for it."""
+    made = server_module.protocol_for
+
+    def protocol_for(*args: Any) -> Any:
+        base = made(*args)
+
+        class SmallSendBuffer(base):  # type: ignore[valid-type, misc]
+            def connection_made(self, transport: Any) -> None:
+                sock = transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+                super().connection_made(transport)
+
+        return SmallSendBuffer
+
+    monkeypatch.setattr(server_module, "protocol_for", protocol_for)
+
+
+def test_a_slow_but_steady_reader_is_never_cut(
+    engine: FakeEngine,
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+    monkeypatch: Any,
+) -> None:
+    small_send_buffers(monkeypatch)
+    gw = make_gateway(client_stall_timeout_s=0.3)
+    events = 60  # 960 KiB, read at about 200 KiB/s: many stall timeouts long
+    sock = tiny_reader(gw)
+    with sock:
+        sock.sendall(post(CHAT_URL, chat_body(max_tokens=events), BIG_STREAM))
+        reader = Reader(sock)
+        started = time.monotonic()
+
+        def slowly(r: Reader) -> bool:
+            # At most 4 KiB per read (the receive buffer): the gateway's write buffer takes
+            # longer than the stall timeout to drain from its high mark to its low one, so
+            # the client's progress, not the buffer's marks, keeps the answer going.
+            time.sleep(0.02)
+            return bool(r.answers) and r.answers[0].complete
+
+        reader.read_until(slowly, timeout_s=30)
+        took = time.monotonic() - started
+    answer = reader.answers[0]
+    assert answer.status == 200 and answer.complete
+    assert answer.body.count(b"data: ") == events + 1 and answer.body.endswith(b"[DONE]\n\n")
+    assert took > 2.0  # it did read slowly: the stall timeout passed several times over
+    observed = control(http, gw)["classes"]["chat"]["observed"]
+    assert (observed["ok_total"], observed["stalled_total"]) == (1, 0)
 
 
 # -- left to ASGI --------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def test_key_classes_file(tmp_path: Path) -> None:
         (["--priority", "batch=low"], 2, "expected CLASS=INTEGER like batch=10"),
         (["--upstream-first-byte-timeout", "0"], 2, "upstream_first_byte_timeout_s must be > 0"),
         (["--header-timeout", "soon"], 2, "expected a duration like 10s"),
+        (["--client-stall-timeout", "soon"], 2, "expected a duration like 10s"),
         (["--max-connections", "0"], 2, "0 is not in the range x>=1"),
         (["--engine-slots", "-1"], 2, "is neither auto nor a count of slots >= 0"),
     ],
@@ -179,3 +180,26 @@ def test_engine_slots_are_asked_of_the_engine_unless_given(
     result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args])
     assert result.exit_code == 0, result.output
     assert [c.engine_slots for c in seen] == [slots]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "stall_s"),
+    [
+        ([], {}, 60.0),
+        (["--client-stall-timeout", "0"], {}, 0.0),
+        (["--client-stall-timeout", "2m"], {}, 120.0),
+        ([], {"LLM_WATCHDOG_GATEWAY_CLIENT_STALL_TIMEOUT": "15s"}, 15.0),
+    ],
+)
+def test_client_stall_timeout_from_the_command_line_or_the_environment(
+    args: list[str], env: dict[str, str], stall_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[GatewayConfig] = []
+
+    def fake_serve(config: GatewayConfig, *rest: object, **kw: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(cli_module, "serve", fake_serve)
+    result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert [c.client_stall_timeout_s for c in seen] == [stall_s]

@@ -265,6 +265,14 @@ def _env_name(param_name: str) -> str:
     help="A client's time to send its request body after the headers (then 408).",
 )
 @click.option(
+    "--client-stall-timeout",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="An answer whose client takes none of its bytes for this long is ended, and its "
+    "place freed (0: never).",
+)
+@click.option(
     "--max-connections",
     type=click.IntRange(min=1),
     default=4096,
@@ -316,6 +324,7 @@ def gateway(
     upstream_pool: int,
     header_timeout: float,
     body_timeout: float,
+    client_stall_timeout: float,
     max_connections: int,
     max_body: int,
     token_file: str | None,
@@ -359,6 +368,7 @@ def gateway(
             upstream_pool_size=upstream_pool,
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
+            client_stall_timeout_s=client_stall_timeout,
             max_connections=max_connections,
             max_body_bytes=max_body,
             control_token=token,

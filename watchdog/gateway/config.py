@@ -92,6 +92,11 @@ class GatewayConfig:
     # (slowloris): past either it gets 408 and the connection closes.
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    # An answer held back for a client that takes none of its bytes for this long is ended:
+    # the engine's reading is paused meanwhile (backpressure), so no read timeout fires,
+    # and the request would keep its class's place and its engine connection forever.
+    # 0: never.
+    client_stall_timeout_s: float = 60.0
     # Open client connections; one more is answered 503 (each holds a file descriptor:
     # the systemd unit's LimitNOFILE must be above it).
     max_connections: int = 4096
@@ -169,6 +174,11 @@ class GatewayConfig:
         for name in ("header_timeout_s", "body_timeout_s"):
             if not _is_seconds(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if not _is_seconds(self.client_stall_timeout_s):
+            raise ValueError(
+                f"client_stall_timeout_s must be >= 0 seconds (0: never), "
+                f"got {self.client_stall_timeout_s!r}"
+            )
         for name in (
             "max_connections",
             "max_body_bytes",

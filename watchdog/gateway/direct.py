@@ -593,6 +593,29 @@ class Exchange:
             transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         transport.close()
 
+    def stalled(self, stall_s: float) -> bool:
+        """The client took no bytes of the answer for `stall_s`: end the exchange, the
+        engine's connection closed and the place given back (the protocol drops the client's
+        connection). False if nothing runs for it any more."""
+        if self.finished or self.gone:
+            return False
+        log.warning(
+            "%s request %s %s ended: the client took no bytes of the answer for %g s "
+            "(--client-stall-timeout)",
+            self.cls or "unclassified",
+            self.method,
+            self.path,
+            stall_s,
+        )
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        self._release(False)  # closing it tells the engine to stop generating
+        if self.started:
+            self._end("stalled")
+        self.finished = True
+        return True
+
     # -- backpressure from the client ----------------------------------------------------
 
     def pause(self) -> None:

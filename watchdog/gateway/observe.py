@@ -74,6 +74,7 @@ OUTCOMES = (
     "disconnected",  # the client left before the answer was complete
     "upstream_error",  # upstream unreachable, timed out, or broke mid-answer
     "preempted",  # ended by the gateway when its class's allowance was cut (--preempt-batch)
+    "stalled",  # ended by the gateway: the client took no bytes (--client-stall-timeout)
 )
 
 

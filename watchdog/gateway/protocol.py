@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from uvicorn._types import HTTPScope
 
     from llm_watchdog.gateway.app import Gateway
+
+log = logging.getLogger("llm_watchdog.gateway")
+
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
     error = {"message": message, "type": "gateway_error", "param": None, "code": code}
@@ -59,6 +63,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
     gateway's own paths go through ASGI; without, every request does.
     """
     header_s, body_s, limit = config.header_timeout_s, config.body_timeout_s, config.max_connections
+    stall_s = config.client_stall_timeout_s
     too_slow_head = _answer(
         408,
         b"Request Timeout",
@@ -86,6 +91,10 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
         _timer: asyncio.TimerHandle | None = None
         _refused = False
         _gone: ClientGone | None = None  # made only for a request that goes through ASGI
+        # While the write buffer is over its high mark: the stall timer, and the buffer's
+        # size when it last looked (a smaller one is bytes the client took).
+        _stall: asyncio.TimerHandle | None = None
+        _stall_size = 0
         # The direct path (direct.py): the request whose body the parser reads now, the one
         # answered now, and what waits behind it (pipelined: Exchanges, and ASGI cycles with
         # their app), in order.
@@ -105,6 +114,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._unstall()
             super().connection_lost(exc)
             if self._gone is not None:
                 self._gone.fire()
@@ -207,8 +217,10 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             )
             self._parsing = exchange
             self.headers = []  # the exchange holds them; trailers, if any, go here
-            if self._active is None and not self._waiting and (
-                self.cycle is None or self.cycle.response_complete
+            if (
+                self._active is None
+                and not self._waiting
+                and (self.cycle is None or self.cycle.response_complete)
             ):
                 self._unset_keepalive_if_required()
                 self._active = exchange
@@ -278,11 +290,43 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             super().pause_writing()
             if self._active is not None:
                 self._active.pause()
+            if stall_s > 0 and self._stall is None:
+                self._stall_size = self.transport.get_write_buffer_size()
+                self._stall = self.loop.call_later(stall_s, self._stall_check)
 
         def resume_writing(self) -> None:
             super().resume_writing()
+            self._unstall()
             if self._active is not None:
                 self._active.resume()
+
+        def _unstall(self) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+
+        def _stall_check(self) -> None:
+            """The write buffer stayed over its high mark for `stall_s`: a client that took
+            bytes meanwhile (the buffer shrank) reads slowly and gets another `stall_s`; one
+            that took none holds its answer, and whatever the answer holds, for nothing.
+            Backpressure has paused the engine's reading, so no upstream timeout fires."""
+            self._stall = None
+            transport = self.transport
+            size = transport.get_write_buffer_size()
+            if size < self._stall_size:
+                self._stall_size = size
+                self._stall = self.loop.call_later(stall_s, self._stall_check)
+                return
+            active = self._active
+            if active is None or not active.stalled(stall_s):
+                log.warning(
+                    "a client took no bytes of its answer for %g s (--client-stall-timeout): "
+                    "connection closed",
+                    stall_s,
+                )
+            # abort, not close: close waits for the buffer to drain, which this client
+            # never does. The ASGI path learns of it from connection_lost.
+            transport.abort()
 
         def on_body(self, body: bytes) -> None:
             if self._refused:
