@@ -16,7 +16,7 @@ from llm_watchdog.cli.group import (
 )
 from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
-from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.cli.output import emit, listing_options, one_of_flags, stamp
 from llm_watchdog.cli.report import fleet_listing
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
 from llm_watchdog.logs import printable
@@ -207,6 +207,7 @@ def history(
     fmt: str,
 ) -> None:
     """Probe results (or GPU samples) over a time range, oldest first."""
+    one_of_flags("probes", gpu=gpu, control=control)
     if prometheus_url:
         fleet_listing(prometheus_url, when_arg(until, time.time()), fmt)
         return

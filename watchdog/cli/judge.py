@@ -161,11 +161,11 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
         seconds = parse_duration(from_history or duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    make_folder(settings)
     if not from_history:
         # A server that is not up would be probed, and fail, for the whole --for (30 min by
         # default), and its failures and fingerprint left in the database.
         reach_server(settings)
-    make_folder(settings)
     with open_store(settings, must_exist=bool(from_history)) as store:
         if from_history:
             fingerprint_id, observations = _history_observations(store, time.time() - seconds)

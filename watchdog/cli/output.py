@@ -21,14 +21,26 @@ from llm_watchdog.logs import printable
 
 
 def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @click.option("--json", "fmt", flag_value="json", help="One JSON object per line.")
-    @click.option("--csv", "fmt", flag_value="csv", help="CSV with a header row.")
-    @click.option("--table", "fmt", flag_value="table", help="An aligned table (default).")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+    @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
+    @click.option("--table", "as_table", is_flag=True, help="An aligned table (default).")
     @functools.wraps(fn)
-    def wrapper(*args: Any, fmt: str | None = None, **kwargs: Any) -> Any:
-        return fn(*args, fmt=fmt or "table", **kwargs)
+    def wrapper(*args: Any, as_json: bool, as_csv: bool, as_table: bool, **kwargs: Any) -> Any:
+        return fn(*args, fmt=one_of_flags(json=as_json, csv=as_csv, table=as_table), **kwargs)
 
     return wrapper
+
+
+def one_of_flags(default: str = "table", **given: bool) -> str:
+    """The one flag given of several that exclude each other (`default` when none); two are
+    a usage error, not a silent pick of whichever click read last."""
+    chosen = [name for name, on in given.items() if on]
+    if len(chosen) > 1:
+        raise click.UsageError(
+            f"--{chosen[0]} and --{chosen[1]} exclude each other: give one",
+            ctx=click.get_current_context(silent=True),
+        )
+    return chosen[0] if chosen else default
 
 
 def stamp(ts: float | None) -> str:
