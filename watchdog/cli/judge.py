@@ -222,7 +222,8 @@ def _probe_for(settings: Any, store: Any, seconds: float) -> tuple[str, list[Any
             observations.append(observation_from(result, daemon.serving_gpu(), cold=result.cold))
             if not result.ok and result.error_detail != said:
                 said = result.error_detail  # each new failure once, not one a probe
-                click.echo(f"probe failed: {printable(said or result.error_class)}", err=True)
+                why = said or result.error_class or "no detail"
+                click.echo(f"probe failed: {printable(why)}", err=True)
             time.sleep(max(0.0, settings.probe.interval_s - (time.monotonic() - t0)))
     finally:
         daemon.shutdown(timeout_s=2)
