@@ -227,3 +227,11 @@ def test_serve_prints_the_url_and_config_and_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_demo_help_points_where_the_scenarios_are_listed() -> None:
+    from llm_watchdog.cli import cli
+
+    demo_help = CliRunner().invoke(cli, ["demo", "--help"]).output
+    assert "`llm-watchdog sim --help` lists them" in " ".join(demo_help.split())
+    assert "workstation" in CliRunner().invoke(sim, ["--help"]).output

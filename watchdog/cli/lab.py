@@ -32,7 +32,7 @@ cli.add_command(gateway)
     "--scenario",
     default="demo",
     show_default=True,
-    help="Heat-lab scenario (`llm-watchdog sim run --help` lists them).",
+    help="Heat-lab scenario (`llm-watchdog sim --help` lists them).",
 )
 @click.option(
     "--time-scale",
