@@ -209,3 +209,17 @@ def test_baseline_capture_says_each_new_probe_failure_once_as_it_happens(db_path
     assert out.exit_code == 1
     failed = [line for line in out.output.splitlines() if line.startswith("probe failed:")]
     assert len(failed) == 1 and "500" in failed[0], out.output
+
+
+def test_replay_says_when_it_learned_no_baseline_and_what_to_set(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = "".join(f"{1_700_000_000 + 10 * i},{100 + i % 7},1\n" for i in range(40))
+    trace.write_text("ts,ttft_ms,ok\n" + rows)
+    runner = CliRunner()
+    short = runner.invoke(cli, ["replay", str(trace)], env={}, obj={})
+    assert short.exit_code == 0, short.output
+    assert "no baseline learned: 39 clean warm probes of the 300 it takes" in short.output
+    learned = runner.invoke(
+        cli, ["replay", str(trace)], env={"LLM_WATCHDOG__DRIFT__BASELINE_PROBES": "30"}, obj={}
+    )
+    assert learned.exit_code == 0 and "no baseline" not in learned.output

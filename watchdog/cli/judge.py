@@ -29,6 +29,7 @@ from llm_watchdog.cli.group import (
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import (
+    DriftMonitor,
     ReplayError,
     baseline_from_observations,
     observation_from,
@@ -346,8 +347,10 @@ def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
         with tempfile.NamedTemporaryFile("wb", suffix=".csv", delete=False) as tmp:
             shutil.copyfileobj(sys.stdin.buffer, tmp)  # streamed: a trace may be large
         path = tmp.name
+    config = settings.drift_config()
+    monitor = DriftMonitor(config, fingerprint_id="replay")
     try:
-        found = replay_file(path, settings.drift_config())
+        found = replay_file(path, config, monitor)
     except ReplayError as exc:
         raise Fail(str(exc)) from None
     except OSError as exc:
@@ -355,6 +358,17 @@ def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
     finally:
         if trace == "-":
             Path(path).unlink()
+    if monitor.baseline is None:
+        # Latency events are judged against a baseline: without one, a trace whose daemon
+        # learned its baseline sooner (a smaller baseline_probes) replays to fewer events.
+        clean, needed = monitor.state().learning
+        click.echo(
+            f"note: no baseline learned: {clean} clean warm probes of the {needed} it takes "
+            "([drift] baseline_probes), so no latency event could open; replay with the "
+            "drift settings of the daemon that recorded it (e.g. "
+            "LLM_WATCHDOG__DRIFT__BASELINE_PROBES=50 for the demo's)",
+            err=True,
+        )
     if as_json:
         for ev in found:
             click.echo(ev.to_json())

@@ -264,10 +264,13 @@ def replay_observations(
     *,
     fingerprint_id: str = "replay",
     on_event: Callable[[DriftEvent], None] | None = None,
+    monitor: DriftMonitor | None = None,
 ) -> list[DriftEvent]:
     """Run a fresh DriftMonitor over the observations; the last snapshot of each event, in
-    the order the events opened. `on_event` sees every snapshot as it happens."""
-    monitor = DriftMonitor(config, fingerprint_id=fingerprint_id)
+    the order the events opened. `on_event` sees every snapshot as it happens; `monitor`, a
+    fresh one the caller passes, can be read afterwards (what baseline it learned)."""
+    if monitor is None:
+        monitor = DriftMonitor(config, fingerprint_id=fingerprint_id)
     final: dict[str, DriftEvent] = {}
     for obs in observations:
         for event in monitor.observe(obs):
@@ -277,14 +280,16 @@ def replay_observations(
     return sorted(final.values(), key=lambda e: e.serial)
 
 
-def replay_file(path: str | Path, config: DriftConfig | None = None) -> list[DriftEvent]:
+def replay_file(
+    path: str | Path, config: DriftConfig | None = None, monitor: DriftMonitor | None = None
+) -> list[DriftEvent]:
     """Check and replay the trace in one streaming pass. Raises ReplayError on a bad trace,
     with no events: the events of a trace with bad rows are thrown away."""
     cfg = config or DriftConfig()
     problems = _Problems()
     with _reading(path) as reader:
         found = replay_observations(
-            _observations(reader, str(path), cfg.idle_after_s, problems), cfg
+            _observations(reader, str(path), cfg.idle_after_s, problems), cfg, monitor=monitor
         )
     problems.raise_any(str(path))
     return found
