@@ -223,3 +223,12 @@ def test_replay_says_when_it_learned_no_baseline_and_what_to_set(tmp_path):
         cli, ["replay", str(trace)], env={"LLM_WATCHDOG__DRIFT__BASELINE_PROBES": "30"}, obj={}
     )
     assert learned.exit_code == 0 and "no baseline" not in learned.output
+
+
+def test_replay_help_names_the_columns_the_reader_requires_and_how_to_export_a_trace():
+    from llm_watchdog.drift.replay import REQUIRED
+
+    out = CliRunner().invoke(cli, ["replay", "--help"], env={}, obj={})
+    text = " ".join(out.output.split())
+    assert all(f"`{c}`" in text for c in REQUIRED) and "are required" in text
+    assert "history --since 7d --export-trace week.csv" in text

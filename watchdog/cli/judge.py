@@ -331,7 +331,15 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
 )
 @click.pass_context
 def replay(ctx: click.Context, trace: str, as_json: bool) -> None:
-    """Run the daemon's detector over a recorded trace (CSV) and print the drift events."""
+    """Run the daemon's detector over a recorded trace (CSV) and print the drift events.
+
+    TRACE is a CSV file (`-`: standard input) with a header row: `ts` (unix seconds) and
+    `ttft_ms` are required; `ok`, `cold`, `quality_pass` and the GPU columns
+    (`gpu_temp_c`, `sm_clock_mhz`, `sm_clock_max_mhz`, `power_w`, `throttle_reasons`, ...)
+    are read where present. `llm-watchdog history --since 7d --export-trace week.csv`
+    writes one from the daemon's database. Events are judged with this config's [drift]
+    settings.
+    """
 
     settings = settings_from(ctx)
     if trace != "-" and not Path(trace).exists():
