@@ -203,3 +203,31 @@ def test_client_stall_timeout_from_the_command_line_or_the_environment(
     result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args], env=env)
     assert result.exit_code == 0, result.output
     assert [c.client_stall_timeout_s for c in seen] == [stall_s]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "total"),
+    [
+        ([], {}, 256 * 1024 * 1024),
+        (["--max-body-total", "100000000"], {}, 100_000_000),
+        ([], {"LLM_WATCHDOG_GATEWAY_MAX_BODY_TOTAL": "50000000"}, 50_000_000),
+    ],
+)
+def test_max_body_total_from_the_command_line_or_the_environment(
+    args: list[str], env: dict[str, str], total: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[GatewayConfig] = []
+
+    def fake_serve(config: GatewayConfig, *rest: object, **kw: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(cli_module, "serve", fake_serve)
+    result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert [c.max_body_total_bytes for c in seen] == [total]
+
+
+def test_a_body_budget_under_the_body_limit_is_refused() -> None:
+    result = CliRunner().invoke(gateway, ["--max-body-total", "1000"])
+    assert result.exit_code == 2
+    assert "max_body_total_bytes (1000) must be at least max_body_bytes" in result.output

@@ -186,6 +186,105 @@ def test_a_control_body_over_its_limit_is_413_and_changes_nothing(
     assert batch_state(http, gw)["allowance"] == 2
 
 
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer's head and body off a kept-alive connection (the body by content-length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        assert more, "the connection closed before an answer"
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        more = sock.recv(65536)
+        assert more, "the connection closed mid-answer"
+        body += more
+    return head, body
+
+
+def padded_body(size: int) -> bytes:
+    """A non-streamed chat request of about `size` bytes."""
+    return json.dumps({**chat_body(stream=False), "padding": "x" * size}).encode()
+
+
+def post_head(length: int | None) -> bytes:
+    framing = f"content-length: {length}" if length is not None else "transfer-encoding: chunked"
+    return (
+        f"POST {CHAT_URL} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"{framing}\r\n\r\n"
+    ).encode()
+
+
+def held_body_bytes(gw: GatewayServer) -> int:
+    return gw.gateway.body_bytes
+
+
+BUDGET_FULL = (
+    "the gateway holds its limit of 60000 bytes of request bodies being received: retry in "
+    "a moment, or raise --max-body-total"
+)
+
+
+def test_a_body_declared_past_the_total_budget_is_503_until_another_is_done(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer]
+) -> None:
+    gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
+    raw = padded_body(30_000)
+    with raw_connection(gw) as holding, raw_connection(gw) as refused:
+        # One client sends its headers and a little of its body, and holds the rest: its
+        # declared length is held from the headers on.
+        holding.sendall(post_head(len(raw)) + raw[:100])
+        wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")
+        refused.sendall(post_head(len(raw)) + raw)
+        head, body = read_answer(refused)
+        assert head.startswith(b"HTTP/1.1 503 ")
+        assert b"retry-after: 1" in head
+        assert json.loads(body) == {
+            "error": {
+                "message": BUDGET_FULL,
+                "type": "gateway_error",
+                "param": None,
+                "code": "body_budget_full",
+            }
+        }
+        assert engine.count() == 0
+        # The first body goes upstream: its bytes go back, and the refused client's retry
+        # on the same connection passes.
+        holding.sendall(raw[100:])
+        assert read_answer(holding)[0].startswith(b"HTTP/1.1 200 ")
+        assert held_body_bytes(gw) == 0
+        refused.sendall(post_head(len(raw)) + raw)
+        assert read_answer(refused)[0].startswith(b"HTTP/1.1 200 ")
+    assert engine.count(path=CHAT_URL) == 2
+    wait_for(lambda: held_body_bytes(gw) == 0, what="nothing held")
+
+
+def test_a_chunked_body_growing_past_the_budget_is_503_and_a_closed_connection_gives_back(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
+) -> None:
+    gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
+    raw = padded_body(30_000)
+    holding = raw_connection(gw)
+    try:
+        holding.sendall(post_head(len(raw)) + raw[:100])
+        wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")
+        with raw_connection(gw) as growing:
+            piece = b"x" * 20_000
+            growing.sendall(post_head(None) + b"%x\r\n%s\r\n" % (len(piece), piece))
+            wait_for(lambda: held_body_bytes(gw) == len(raw) + len(piece), what="both held")
+            growing.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))  # 70,000 in all
+            head, body = read_answer(growing)
+            assert head.startswith(b"HTTP/1.1 503 ")
+            assert b"retry-after: 1" in head
+            assert json.loads(body)["error"]["code"] == "body_budget_full"
+            wait_for(lambda: held_body_bytes(gw) == len(raw), what="the refused body dropped")
+    finally:
+        holding.close()  # its body never came whole: its bytes go back with the connection
+    wait_for(lambda: held_body_bytes(gw) == 0, what="the budget empty again")
+    assert http.post(gw.url + CHAT_URL, content=raw).status_code == 200
+    assert engine.count() == 1
+
+
 # -- control values ----------------------------------------------------------------------
 
 
@@ -329,6 +428,11 @@ def test_the_upstream_pool_keeps_at_most_its_size_idle(
         ({"header_timeout_s": -1}, "header_timeout_s must be > 0 seconds"),
         ({"max_connections": 0}, "max_connections must be an integer >= 1"),
         ({"max_body_bytes": 1.5}, "max_body_bytes must be an integer >= 1"),
+        ({"max_body_total_bytes": 0}, "max_body_total_bytes must be an integer >= 1"),
+        (
+            {"max_body_bytes": 2000, "max_body_total_bytes": 1000},
+            r"max_body_total_bytes \(1000\) must be at least max_body_bytes \(2000\)",
+        ),
     ],
 )
 def test_limits_that_cannot_work_are_refused_in_one_line(

@@ -99,6 +99,9 @@ class Gateway:
         self.lease_expirations = dict.fromkeys(CLASSES, 0)
         self.control_changes = dict.fromkeys(CLASSES, 0)
         self.preempted = dict.fromkeys(CLASSES, 0)
+        # Request-body bytes held now, across every connection, under max_body_total_bytes:
+        # from the first byte (or the declared length) until the body goes upstream.
+        self.body_bytes = 0
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self.primary: Upstream
         self.secondary: Upstream | None = None

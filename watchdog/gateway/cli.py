@@ -286,6 +286,13 @@ def _env_name(param_name: str) -> str:
     show_default=True,
     help="Largest request body in bytes (then 413).",
 )
+@click.option(
+    "--max-body-total",
+    type=click.IntRange(min=1),
+    default=256 * 1024 * 1024,
+    show_default=True,
+    help="Request-body bytes held at once across all connections, at least --max-body (then 503).",
+)
 @click.option("--token-file", default=None, help=f"Control token file (else ${TOKEN_ENV}).")
 @click.option(
     "--token-credential",
@@ -327,6 +334,7 @@ def gateway(
     client_stall_timeout: float,
     max_connections: int,
     max_body: int,
+    max_body_total: int,
     token_file: str | None,
     token_credential: str | None,
     key_classes_file: str | None,
@@ -371,6 +379,7 @@ def gateway(
             client_stall_timeout_s=client_stall_timeout,
             max_connections=max_connections,
             max_body_bytes=max_body,
+            max_body_total_bytes=max_body_total,
             control_token=token,
         )
     except ValueError as exc:

@@ -104,6 +104,10 @@ class GatewayConfig:
     # base64) and the control API's (a few fields).
     max_body_bytes: int = 32 * 1024 * 1024
     max_control_body_bytes: int = 64 * 1024
+    # Request-body bytes held at once across all connections: a body is held whole from
+    # its headers (its declared length) until it goes upstream, and max_connections bodies
+    # of max_body_bytes each would be 128 GiB. One that would go past it gets 503.
+    max_body_total_bytes: int = 256 * 1024 * 1024
     # Recent TTFTs kept per class for GET /control/observed and the p50/p95 in GET /control.
     ttft_ring_size: int = 2048
     observed_window_s: float = 300.0
@@ -183,10 +187,17 @@ class GatewayConfig:
             "max_connections",
             "max_body_bytes",
             "max_control_body_bytes",
+            "max_body_total_bytes",
             "upstream_pool_size",
         ):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.max_body_total_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_body_total_bytes ({self.max_body_total_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes}): a body the one allows, the other "
+                "would refuse every time"
+            )
         if self.ttft_ring_size < 1:
             raise ValueError(f"ttft_ring_size must be >= 1, got {self.ttft_ring_size}")
         # Frozen means frozen: a caller's dict changed later must not change the gateway.

@@ -88,6 +88,8 @@ class Exchange:
         "parts",
         "size",
         "too_big",
+        "held",
+        "over_budget",
         "body",
         "body_done",
         "turn",
@@ -139,6 +141,8 @@ class Exchange:
         self.parts: list[bytes] = []
         self.size = 0
         self.too_big = False
+        self.held = 0  # body bytes counted in the gateway's budget (gw.body_bytes)
+        self.over_budget = False
         self.body = b""
         self.body_done = False
         self.turn = False  # the answers before this one are out
@@ -171,15 +175,26 @@ class Exchange:
     # -- the request, from the client's parser -------------------------------------------
 
     def on_body(self, data: bytes) -> None:
-        if self.answered or self.too_big:
-            return  # answered already (400, 413): the rest of the body is read and dropped
+        if self.answered or self.too_big or self.over_budget:
+            return  # answered already (400, 413, 503): the rest of the body is read and dropped
         self.size += len(data)
         if self.size > self.gw.config.max_body_bytes:
             self.too_big = True
             self.parts = []
+            self._let_go()
             if self.turn:
                 self._too_large()
             return
+        if self.size > self.held:
+            # The declared length is held at the first bytes (a pipelined request's body
+            # comes before its turn), then a chunked body's size as it grows.
+            want = self.size if self.held else max(self.size, declared_length(self.headers))
+            if not self._hold(want):
+                self.over_budget = True
+                self.parts = []
+                if self.turn:
+                    self._over_budget()
+                return
         self.parts.append(data)
 
     def on_body_end(self) -> None:
@@ -198,8 +213,14 @@ class Exchange:
         except ClassError as exc:
             self._answer(400, str(exc), "invalid_request_error", "unknown_traffic_class")
             return
-        if self.too_big or declared_length(self.headers) > gw.config.max_body_bytes:
+        declared = declared_length(self.headers)
+        if self.too_big or declared > gw.config.max_body_bytes:
             self._too_large()
+            return
+        if self.over_budget or not self._hold(declared):
+            self.over_budget = True
+            self.parts = []
+            self._over_budget()
             return
         if self.body_done:
             self._go()
@@ -207,6 +228,36 @@ class Exchange:
     def _too_large(self) -> None:
         message = too_large(self.gw.config.max_body_bytes)
         self._answer(413, message, "invalid_request_error", "body_too_large")
+
+    def _hold(self, want: int) -> bool:
+        """Hold `want` bytes of body in the gateway's budget; False if they would go past it."""
+        more = want - self.held
+        if more <= 0:
+            return True
+        gw = self.gw
+        if gw.body_bytes + more > gw.config.max_body_total_bytes:
+            self._let_go()  # what it held goes back: its body is dropped
+            return False
+        gw.body_bytes += more
+        self.held = want
+        return True
+
+    def _let_go(self) -> None:
+        """The body is upstream, or dropped: its bytes go back to the budget."""
+        if self.held:
+            self.gw.body_bytes -= self.held
+            self.held = 0
+
+    def _over_budget(self) -> None:
+        limit = self.gw.config.max_body_total_bytes
+        self._answer(
+            503,
+            f"the gateway holds its limit of {limit} bytes of request bodies being received: "
+            "retry in a moment, or raise --max-body-total",
+            "gateway_error",
+            "body_budget_full",
+            [(b"retry-after", b"1")],
+        )
 
     # -- admission and the engine --------------------------------------------------------
 
@@ -313,6 +364,7 @@ class Exchange:
         conn.listener = self
         conn.begin(head_only=self.head_only)
         conn.write(self.data)  # the whole request in one write
+        self._let_go()  # the body is the engine connection's to send now
         self._arm(upstream.first_byte_timeout_s)
         if self.paused and conn.transport is not None:
             conn.transport.pause_reading()
@@ -501,6 +553,7 @@ class Exchange:
         outcome: bool = False,
     ) -> None:
         """An error in OpenAI's shape, as the whole answer; `outcome`: count upstream_error."""
+        self._let_go()
         self._reply(status, error_body(message, kind, code), extra)
         if outcome:
             self._end("upstream_error")
@@ -547,6 +600,7 @@ class Exchange:
             self.gone = True
             return
         self.gone = True
+        self._let_go()
         if self.task is not None:
             self.task.cancel()
             self.task = None
@@ -576,6 +630,7 @@ class Exchange:
         self.admitted = False
         if self.finished or self.gone:
             return
+        self._let_go()
         if self.task is not None:  # granted and not yet running, or connecting upstream
             self.task.cancel()
             self.task = None
@@ -599,6 +654,7 @@ class Exchange:
         connection). False if nothing runs for it any more."""
         if self.finished or self.gone:
             return False
+        self._let_go()
         log.warning(
             "%s request %s %s ended: the client took no bytes of the answer for %g s "
             "(--client-stall-timeout)",
