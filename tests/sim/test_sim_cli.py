@@ -24,6 +24,7 @@ from llm_watchdog.sim.controllers import (
     register_controller,
 )
 from llm_watchdog.sim.scenario import load_scenario
+from llm_watchdog.sim.virtual import run_virtual
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -102,7 +103,7 @@ def test_run_with_the_slot_line_keeps_batch_off_the_slots_chat_needs() -> None:
 
 
 def test_the_run_report_says_which_gateway_it_ran_behind() -> None:
-    args = ("run", "-s", "workstation", "--duration", "3m", "-c", "static:2")
+    args = ("run", "-s", "workstation", "--duration", "4m", "-c", "static:2")
     code, held = invoke(*args)
     assert code == 0, held
     code, free = invoke(*args, "--no-hold-slots")
@@ -227,6 +228,87 @@ def test_serve_prints_the_url_and_config_and_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "-s", "workstation", "--duration", "0"),
+        ("run", "-s", "workstation", "--duration", "0", "--json"),
+        ("run", "-s", "workstation", "--duration", "1m"),
+        ("run", "-s", "workstation", "--duration", "3m"),
+        ("sweep", "-s", "workstation", "--duration", "0"),
+        ("sweep", "-s", "workstation", "--duration", "1m"),
+        ("sweep", "-s", "workstation", "--duration", "3m", "--allowances", "0,40"),
+        ("sweep", "-s", "workstation", "--duration", "3m", "--json"),
+    ],
+    ids=" ".join,
+)
+def test_a_run_with_no_window_after_the_warmup_is_a_usage_error(args: tuple[str, ...]) -> None:
+    code, out = invoke(*args)
+    assert code == 2, out
+    assert "leaves no one-minute window after the 2m warm-up" in out
+    assert "give --duration 3m1s or more" in out
+    assert "static:" not in out and "note:" not in out and "{" not in out
+
+
+def test_the_smallest_duration_named_judges_a_window() -> None:
+    code, out = invoke("run", "-s", "workstation", "--duration", "3m1s", "--json")
+    assert code == 0, out
+    assert json.loads(out)["slo_windows"] == 1
+    code, out = invoke("run", "-s", "workstation", "--duration", "1m", "--warmup", "0")
+    assert code == 2 and "give --duration 1m1s or more" in out
+
+
+def test_run_virtual_refuses_a_zero_duration() -> None:
+    with pytest.raises(ValueError, match="duration must be above 0 s"):
+        run_virtual(load_scenario("workstation"), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "-s", "workstation", "--batch-streams", "-4"), "--batch-streams"),
+        (("serve", "-s", "workstation", "--batch-streams", "-1"), "--batch-streams"),
+        (("run", "-s", "workstation", "--slo-ms", "-1"), "milliseconds above 0, got -1"),
+        (("run", "-s", "workstation", "--slo-ms", "0"), "milliseconds above 0, got 0"),
+        (("run", "-s", "workstation", "--slo-ms", "nan"), "milliseconds above 0, got nan"),
+        (("run", "-s", "workstation", "--minutes"), "--minutes adds per-minute rows"),
+    ],
+)
+def test_run_refuses_values_that_make_no_run(args: tuple[str, ...], message: str) -> None:
+    code, out = invoke(*args)
+    assert code == 2, out
+    assert message in out and "Traceback" not in out
+
+
+def test_minutes_with_json_still_adds_the_rows() -> None:
+    code, out = invoke("run", "-s", "workstation", "--duration", "4m", "--json", "--minutes")
+    assert code == 0, out
+    assert len(json.loads(out)["minutes"]) == 3
+
+
+@pytest.mark.parametrize("text", ["", 'name = "idle"\n[gpu]\nambient_c = 30\n'])
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_scenario_file_with_no_base_and_no_traffic_is_refused(
+    tmp_path: Path, text: str, command: str
+) -> None:
+    path = tmp_path / "idle.toml"
+    path.write_text(text, encoding="utf-8")
+    code, out = invoke(command, "-s", str(path), "--duration", "5m")
+    assert code == 78, out
+    line = out.strip()
+    assert "\n" not in line
+    assert line.startswith("error: idle.toml: no traffic: give base = ")
+    assert "[traffic.chat] arrivals_per_s or [traffic.batch] streams" in line
+
+
+def test_a_scenario_file_with_only_a_base_runs_the_bases_traffic(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "workstation"\n', encoding="utf-8")
+    code, out = invoke("run", "-s", str(path), "--duration", "4m")
+    assert code == 0, out
+    assert "(0 requests)" not in out
 
 
 def test_demo_help_points_where_the_scenarios_are_listed() -> None:

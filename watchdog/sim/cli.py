@@ -32,7 +32,7 @@ from llm_watchdog.nvml.throttle import GPU_IDLE
 from llm_watchdog.sim.controllers import ControllerError, controller_names
 from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
 from llm_watchdog.sim.server import LabError, SimLab
-from llm_watchdog.sim.virtual import MinuteRow, RunResult, run_virtual
+from llm_watchdog.sim.virtual import WINDOW_S, MinuteRow, RunResult, run_virtual
 from llm_watchdog.stats import quantile
 
 
@@ -53,6 +53,51 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+def first_window_end(warmup_s: float) -> float:
+    """Where the first one-minute window judged after `warmup_s` ends: windows start on whole
+    minutes, and one is judged only when it starts at or after the warm-up."""
+    return math.ceil(warmup_s / WINDOW_S) * WINDOW_S + WINDOW_S
+
+
+def need_a_window(duration_s: float, warmup_s: float, given: bool) -> None:
+    """A usage error for a run too short to judge one window after the warm-up: its figures
+    would be empty, and a sweep of empty runs would name an allowance it never judged. A
+    window counts only once the run passes its end, so the smallest run is a second more."""
+    if duration_s > first_window_end(warmup_s):
+        return
+    least = format_duration(first_window_end(warmup_s) + 1.0)
+    shown = format_duration(duration_s)
+    what = f"--duration {shown}" if given else f"the scenario's {shown}"
+    raise click.UsageError(
+        f"{what} leaves no one-minute window after the {format_duration(warmup_s)} warm-up "
+        f"to judge chat in; give --duration {least} or more"
+    )
+
+
+def need_traffic(sc: Scenario) -> None:
+    """A scenario with no chat and no batch at any time runs an idle card: nothing to judge.
+    The loader's defaults are no traffic, so an empty file (or one of only [gpu] keys) gets
+    here; say what the file lacks, as the loader's errors do, and exit as they do."""
+    later = any(e.chat_arrivals_per_s or e.batch_streams for e in sc.schedule)
+    if sc.chat.arrivals_per_s > 0 or sc.batch.streams > 0 or later:
+        return
+    where = sc.path.name if sc.path is not None else sc.name
+    click.echo(
+        f'error: {where}: no traffic: give base = "workstation" (or another bundled '
+        "scenario) to start from, or [traffic.chat] arrivals_per_s or [traffic.batch] streams",
+        err=True,
+    )
+    raise SystemExit(EX_CONFIG)
+
+
+def _finite_above_zero(
+    ctx: click.Context, param: click.Parameter, value: float | None
+) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"expected a number of milliseconds above 0, got {value:g}")
+    return value
 
 
 _SCENARIO_HELP = "A bundled scenario name (see `sim --help`) or a .toml path."
@@ -94,7 +139,7 @@ def sim() -> None:
 )
 @click.option(
     "--batch-streams",
-    type=int,
+    type=click.IntRange(min=0),
     default=None,
     help="Streams of the lab's own batch job (default: the scenario's).",
 )
@@ -151,7 +196,11 @@ def serve(
     help="none, static:N, a registered name, or package.module:factory[:ARG].",
 )
 @click.option(
-    "--slo-ms", type=float, default=None, help="Chat p95 TTFT target (default: scenario's)."
+    "--slo-ms",
+    type=float,
+    default=None,
+    callback=_finite_above_zero,
+    help="Chat p95 TTFT target (default: scenario's).",
 )
 @click.option(
     "--warmup",
@@ -160,7 +209,12 @@ def serve(
     show_default=True,
     help="Leave chat of the first minutes out of the figures.",
 )
-@click.option("--batch-streams", type=int, default=None, help="The batch job's demand.")
+@click.option(
+    "--batch-streams",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The batch job's demand (0: no batch).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
 @click.option("--minutes", is_flag=True, help="With --json: add the per-minute rows.")
@@ -184,7 +238,11 @@ def run(
     hold_slots: bool,
 ) -> None:
     """Run a scenario in virtual time and print what chat and the batch job got."""
+    if minutes and not as_json:
+        raise click.UsageError("--minutes adds per-minute rows to the JSON object: add --json")
     sc = _scenario(scenario)
+    need_traffic(sc)
+    need_a_window(duration if duration is not None else sc.duration_s, warmup, duration is not None)
     try:
         res = run_virtual(
             sc,
@@ -274,12 +332,20 @@ def window_state(m: MinuteRow, sc: Scenario) -> str:
 
 
 def meets(r: RunResult) -> bool:
-    return r.slo_attainment is None or r.slo_attainment >= SWEEP_ATTAINMENT
+    """The run met the SLO in its judged windows. A run that judged none met nothing: counted
+    as met, it made a sweep name an allowance from no evidence at all."""
+    return r.slo_attainment is not None and r.slo_attainment >= SWEEP_ATTAINMENT
+
+
+def judged(runs: dict[int, list[RunResult]]) -> int:
+    """The one-minute windows the sweep's runs judged, all runs together."""
+    return sum(r.slo_windows for rs in runs.values() for r in rs)
 
 
 def worst(rs: list[RunResult]) -> RunResult:
-    """The seed's run with the lowest attainment (a run with no chat to judge counts as met)."""
-    return min(rs, key=lambda r: 1.0 if r.slo_attainment is None else r.slo_attainment)
+    """The seed's run with the lowest attainment; one that judged no window comes first, so
+    the table shows "-" rather than a share from the other seeds."""
+    return min(rs, key=lambda r: -1.0 if r.slo_attainment is None else r.slo_attainment)
 
 
 def run_static(
@@ -425,6 +491,10 @@ def sweep(
     judged on one-minute windows, as the SLO is.
     """
     sc = _scenario(scenario)
+    need_traffic(sc)
+    need_a_window(
+        duration if duration is not None else sc.duration_s, SWEEP_WARMUP_S, duration is not None
+    )
     line = slot_line(sc.engine.max_running_seqs) if hold_slots else None
     if allowances:
         try:
@@ -448,6 +518,9 @@ def sweep(
     answer, runs = find_static(
         sc, points, duration, seed, bisect=not allowances, hold_slots=hold_slots, seeds=seeds
     )
+    windows = judged(runs)
+    if not windows:
+        answer = None  # no window judged, no verdict; find_static gives None here already
     rows = sweep_rows(sc, runs)
     slo = sc.slo_chat_ttft_p95_ms
     if as_json:
@@ -471,6 +544,7 @@ def sweep(
             json.dumps(
                 {
                     "static_allowance": answer,
+                    "windows_judged": windows,
                     "states": [row.to_dict() for row in rows],
                     "target_ms": slo,
                     "slot_line": line,
@@ -529,7 +603,12 @@ def sweep(
     if not rows:
         states += " (no chat windows to judge in this scenario)"
     click.echo(f"largest allowance within the target: {states}")
-    if answer is None:
+    if not windows:
+        click.echo(
+            "static: no answer; no run had a one-minute window with chat after the "
+            f"{format_duration(SWEEP_WARMUP_S)} warm-up to judge"
+        )
+    elif answer is None:
         click.echo("static: none; chat misses the target in over 1 % of windows even with no batch")
     else:
         above = (

@@ -182,6 +182,8 @@ def run_virtual(
     """
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else scenario.duration_s)
+    if not duration > 0:  # the figures are per second of it
+        raise ValueError(f"duration must be above 0 s, got {duration:g}")
     slo = float(slo_ttft_ms if slo_ttft_ms is not None else scenario.slo_chat_ttft_p95_ms)
     if batch_streams is not None:
         scenario = dataclasses.replace(
