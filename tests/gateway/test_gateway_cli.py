@@ -194,6 +194,13 @@ def test_engine_slots_are_asked_of_the_engine_unless_given(
 def test_client_stall_timeout_from_the_command_line_or_the_environment(
     args: list[str], env: dict[str, str], stall_s: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert served_with(args, env, monkeypatch).client_stall_timeout_s == stall_s
+
+
+def served_with(
+    args: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> GatewayConfig:
+    """The config `gateway` would serve with, given these arguments and environment."""
     seen: list[GatewayConfig] = []
 
     def fake_serve(config: GatewayConfig, *rest: object, **kw: object) -> None:
@@ -202,7 +209,8 @@ def test_client_stall_timeout_from_the_command_line_or_the_environment(
     monkeypatch.setattr(cli_module, "serve", fake_serve)
     result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args], env=env)
     assert result.exit_code == 0, result.output
-    assert [c.client_stall_timeout_s for c in seen] == [stall_s]
+    (config,) = seen
+    return config
 
 
 @pytest.mark.parametrize(
@@ -216,15 +224,7 @@ def test_client_stall_timeout_from_the_command_line_or_the_environment(
 def test_max_body_total_from_the_command_line_or_the_environment(
     args: list[str], env: dict[str, str], total: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[GatewayConfig] = []
-
-    def fake_serve(config: GatewayConfig, *rest: object, **kw: object) -> None:
-        seen.append(config)
-
-    monkeypatch.setattr(cli_module, "serve", fake_serve)
-    result = CliRunner().invoke(gateway, ["--upstream", "http://127.0.0.1:9", *args], env=env)
-    assert result.exit_code == 0, result.output
-    assert [c.max_body_total_bytes for c in seen] == [total]
+    assert served_with(args, env, monkeypatch).max_body_total_bytes == total
 
 
 def test_a_body_budget_under_the_body_limit_is_refused() -> None:
