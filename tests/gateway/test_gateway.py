@@ -555,6 +555,7 @@ def test_a_job_the_idle_ramp_paces_is_not_turned_away_but_one_over_its_allowance
     time.sleep(0.4)  # the allowance of 4 stands unused: the job's streams are ramped
     started = time.monotonic()
     job = [Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body()) for _ in range(4)]
+
     # All four in line before the fifth comes (one let in, three held by the ramp): on a
     # loaded machine a thread may send its request late, and the fifth would take its turn.
     def at_gateway() -> int:
@@ -586,9 +587,7 @@ def test_batch_is_held_under_the_engine_slots_chat_holds_and_let_in_as_chat_fini
     wait_for(lambda: batch_state(http, gw)["queued"] == 1, what="batch queued at the line")
     state = batch_state(http, gw)
     assert (state["allowance"], state["inflight"], state["slot_line"]) == (4, 1, 2)
-    assert "llm_watchdog_gateway_slot_line{class=\"batch\"} 2.0" in http.get(
-        gw.url + "/metrics"
-    ).text
+    assert 'llm_watchdog_gateway_slot_line{class="batch"} 2.0' in http.get(gw.url + "/metrics").text
 
     engine.release("c")  # chat finishes: its slot goes to the waiting batch request
     assert chat.join().status == 200
@@ -1010,6 +1009,33 @@ def test_put_without_a_valid_token_is_401_and_changes_nothing(
     after = control(http, gw)
     assert after["classes"]["batch"] == before["classes"]["batch"]
     assert after["changes"] == before["changes"] == []
+
+
+def test_refused_control_writes_are_logged_once_a_minute_with_a_count(
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = make_gateway()
+    wrong = {"Authorization": f"Bearer {TOKEN}x"}
+    with caplog.at_level(logging.WARNING, logger="llm_watchdog.gateway"):
+        for _ in range(3):
+            response = http.put(
+                gw.url + "/control/classes/batch", json={"allowance": 0}, headers=wrong
+            )
+            assert response.status_code == 401
+        lines = [r.getMessage() for r in caplog.records if "refused a control write" in r.message]
+        assert lines == [
+            "refused a control write from 127.0.0.1 to /control/classes/batch: no valid token "
+            "(1 refused since the last line)"
+        ]
+        gw.gateway.refused_logged_at -= 60.0  # a minute on: the next says how many came since
+        http.put(gw.url + "/control/classes/batch", json={"allowance": 0}, headers=wrong)
+        lines = [r.getMessage() for r in caplog.records if "refused a control write" in r.message]
+    assert lines[1:] == [
+        "refused a control write from 127.0.0.1 to /control/classes/batch: no valid token "
+        "(3 refused since the last line)"
+    ]
 
 
 def test_gateway_without_a_token_refuses_every_change_and_says_how_to_set_one(

@@ -67,6 +67,10 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.wall = wall
+        # Control writes refused for want of the token: counted, and logged at most once a
+        # REFUSED_LOG_EVERY_S (a guessing client would flood the journal otherwise).
+        self.refused_writes = 0
+        self.refused_logged_at = -math.inf
         # The slots the line is drawn from: given, or (auto) what the engine last said.
         self.engine_slots = max(config.engine_slots, 0)
         holds_line = config.engine_slots != 0

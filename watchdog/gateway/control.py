@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 import shlex
@@ -28,8 +29,12 @@ from urllib.parse import urlsplit
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from llm_watchdog.logs import printable
+
 if TYPE_CHECKING:
     from llm_watchdog.gateway.app import Gateway
+
+log = logging.getLogger("llm_watchdog.gateway")
 
 MAX_REASON_CHARS = 500
 # The longest lease accepted: a day. A cut that should outlive a day is a new default
@@ -67,9 +72,33 @@ async def get_class(request: Request) -> Response:
 _NF = ("invalid_request_error", "unknown_traffic_class")
 
 
+# A refused control write is logged at most this often, with the count since the last line.
+REFUSED_LOG_EVERY_S = 60.0
+
+
+def _log_refused(gw: Gateway, request: Request) -> None:
+    """One line for a refused write, or for the first of a run of them: who asked, and how
+    many were refused since the last line. A wrong token is an operator's mistake or a
+    stranger on the network; either wants to be seen."""
+    gw.refused_writes += 1
+    now = gw.clock()
+    if now - gw.refused_logged_at < REFUSED_LOG_EVERY_S:
+        return
+    peer = request.client.host if request.client is not None else "an unknown peer"
+    log.warning(
+        "refused a control write from %s to %s: no valid token (%d refused since the last line)",
+        peer,
+        printable(request.url.path),
+        gw.refused_writes,
+    )
+    gw.refused_writes = 0
+    gw.refused_logged_at = now
+
+
 async def put_class(request: Request) -> Response:
     gw = _gw(request)
     if not gw.authorized(request.headers.get("authorization")):
+        _log_refused(gw, request)
         if gw.config.control_token:
             message = "missing or wrong control token: send Authorization: Bearer <token>"
         else:
