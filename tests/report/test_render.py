@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from matplotlib.figure import Figure
 from PIL import Image
 
 from llm_watchdog.cli import cli
 from llm_watchdog.demo import DemoOptions, run_demo
-from llm_watchdog.report.charts import report_png
+from llm_watchdog.report.charts import _time_axis, draw_scatter, report_png
 from llm_watchdog.report.data import from_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -125,3 +126,23 @@ def test_bad_arguments_get_one_line_that_says_what_to_do(tmp_path: Path) -> None
         cli, ["report", "--out", str(tmp_path / "r.html"), "--prometheus", "http://127.0.0.1:9"]
     )
     assert r.exit_code == 1 and "cannot reach Prometheus" in r.output
+
+
+def test_the_scatter_counts_batch_in_whole_requests_and_times_read_as_clock_times() -> None:
+    T0 = 1_796_100_000.0
+    r = from_rows(source="t", since_ts=T0, until_ts=T0 + 90, probes=[], gpu=[])
+    r.scatter = [(1800.0 - 40 * i, 100.0 + 20 * i, float(i % 3)) for i in range(12)]
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert draw_scatter(ax, r)
+    fig.canvas.draw()
+    bar = ax.collections[0].colorbar.ax  # type: ignore[union-attr]
+    ticks = [t for t in bar.get_yticks() if bar.get_ylim()[0] <= t <= bar.get_ylim()[1]]
+    assert ticks and all(t == int(t) for t in ticks)  # 0, 1, 2: no half requests
+    time_ax = Figure().add_subplot()
+    time_ax.plot([], [])
+    _time_axis(time_ax, r)  # 90 s: ticks every few seconds
+    time_ax.figure.canvas.draw()
+    labels = [t.get_text() for t in time_ax.get_xticklabels() if t.get_text()]
+    # A whole minute may read 04:40; no tick is a bare "30".
+    assert labels and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", text) for text in labels), labels

@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from llm_watchdog.report.data import Report, Series
 
@@ -51,7 +52,9 @@ def _xy(series: Series, scale: float = 1.0) -> tuple[list[float], list[float]]:
 def _time_axis(ax: Axes, r: Report) -> None:
     locator = AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+    # Seconds-level ticks read 13:18:30, not a bare "30" beside 13:18.
+    formats = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, formats=formats))
     ax.set_xlim(_x(r.since_ts), _x(r.until_ts))
     ax.set_xlabel("UTC")
     ax.grid(True, alpha=0.3)
@@ -124,6 +127,7 @@ def draw_batch(ax: Axes, r: Report) -> bool:
     if r.inflight:
         ax.plot(*_xy(r.inflight), color=INFLIGHT, lw=1.0, marker=".", ms=3, label="in flight")
     ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of requests
     ax.legend(loc="upper left", fontsize=8)
     return True
 
@@ -143,7 +147,12 @@ def draw_scatter(ax: Axes, r: Report) -> bool:
     points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=14, alpha=0.8)
     if min(ys) > 0 and max(ys) / min(ys) > 20:
         ax.set_yscale("log")
-    ax.figure.colorbar(points, ax=ax, label="batch in flight")
+    # Beside the plot, in the margin the charts above keep for their right axes: a bar
+    # that takes its room from the plot leaves this chart narrower than the others and
+    # the bar far off at the page's edge.
+    bar = ax.figure.colorbar(points, cax=ax.inset_axes((1.01, 0.0, 0.015, 1.0)))
+    bar.set_label("batch in flight")
+    bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 2.5 requests
     return True
 
 
