@@ -93,6 +93,11 @@ def failing_alert(alert: AlertEvent, failures: deque[tuple[str, str]]) -> AlertE
     return replace(alert, message=message, fields={**alert.fields, "failure": kind})
 
 
+def telemetry_key(gpu_index: int | None) -> str:
+    """The alert key of GPU telemetry lost: per GPU, or for NVML as a whole (None)."""
+    return f"telemetry:{gpu_index}"
+
+
 def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
     if ev.kind in ("gpu_lost", "nvml_timeout"):
         state = "firing"
@@ -107,7 +112,7 @@ def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
         "gpu_recovered": f"{what} answers NVML again",
     }[ev.kind]
     return AlertEvent(
-        key=f"telemetry:{ev.gpu_index}",
+        key=telemetry_key(ev.gpu_index),
         kind="telemetry_lost",
         state=state,
         ts=ev.ts,
@@ -127,7 +132,7 @@ class Judge:
         self.fingerprint_id: str | None = None
         # (error class, url) of the latest failed probes, as many as the failure window.
         self.failures: deque[tuple[str, str]] = deque(maxlen=drift_config.fail_window)
-        self._answered: set[str] = set()  # telemetry alert keys checked since start
+        self._answered: set[int | None] = set()  # GPUs (None: NVML) read since start
 
     def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
         """Judge against the baseline of this runtime; a change of runtime re-baselines."""
@@ -251,12 +256,15 @@ class Judge:
         of each GPU after a restart is the recovery. Once per GPU and run."""
         if self.alerts is None or not samples:
             return
+        seen = dict.fromkeys([*(s.gpu_index for s in samples), None])
+        fresh = [i for i in seen if i not in self._answered]
+        if not fresh:
+            return
+        self._answered.update(fresh)
         carried = set(getattr(self.alerts, "carried_keys", ()))
-        for index in [*(s.gpu_index for s in samples), None]:
-            key = f"telemetry:{index}"
-            if key in self._answered or key not in carried:
+        for index in fresh:
+            if telemetry_key(index) not in carried:
                 continue
-            self._answered.add(key)
             alert = telemetry_alert(GpuEvent(samples[0].ts, "gpu_recovered", index, ""))
             if alert is not None:
                 self.alerts.submit(alert)
