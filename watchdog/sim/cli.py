@@ -63,11 +63,10 @@ def first_window_end(warmup_s: float) -> float:
 
 def need_a_window(duration_s: float, warmup_s: float, given: bool) -> None:
     """A usage error for a run too short to judge one window after the warm-up: its figures
-    would be empty, and a sweep of empty runs would name an allowance it never judged. A
-    window counts only once the run passes its end, so the smallest run is a second more."""
-    if duration_s > first_window_end(warmup_s):
+    would be empty, and a sweep of empty runs would name an allowance it never judged."""
+    if duration_s >= first_window_end(warmup_s):
         return
-    least = format_duration(first_window_end(warmup_s) + 1.0)
+    least = format_duration(first_window_end(warmup_s))
     shown = format_duration(duration_s)
     what = f"--duration {shown}" if given else f"the scenario's {shown}"
     raise click.UsageError(

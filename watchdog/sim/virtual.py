@@ -224,6 +224,25 @@ def run_virtual(
     prev_snap: GpuSnapshot | None = None
     plan = None
     t = 0.0
+
+    def close_window(end_s: float) -> None:
+        nonlocal window_ttfts, window_reasons, window_batch_tokens
+        snap = world.snapshot(end_s)
+        minutes.append(
+            MinuteRow(
+                t_s=end_s - WINDOW_S,
+                chat_requests=len(window_ttfts),
+                chat_p95_ms=_pct(window_ttfts, 95),
+                temp_c=round(snap.temp_c, 1),
+                sm_clock_mhz=snap.sm_clock_active_mhz,
+                reasons=window_reasons,
+                allowance=world.allowance,
+                batch_inflight=world.batch_inflight,
+                batch_tokens=window_batch_tokens,
+            )
+        )
+        window_ttfts, window_reasons, window_batch_tokens = [], 0, 0
+
     while True:
         t_step = plan.end_s if plan is not None else math.inf
         t_pending = pending[0][0] if pending else math.inf
@@ -285,27 +304,16 @@ def run_virtual(
             decided = decided or decision is not None
             next_ctl = t + ctl.interval_s
         elif t == next_minute:
-            snap = world.snapshot(t)
-            minutes.append(
-                MinuteRow(
-                    t_s=t - WINDOW_S,
-                    chat_requests=len(window_ttfts),
-                    chat_p95_ms=_pct(window_ttfts, 95),
-                    temp_c=round(snap.temp_c, 1),
-                    sm_clock_mhz=snap.sm_clock_active_mhz,
-                    reasons=window_reasons,
-                    allowance=world.allowance,
-                    batch_inflight=world.batch_inflight,
-                    batch_tokens=window_batch_tokens,
-                )
-            )
-            window_ttfts, window_reasons, window_batch_tokens = [], 0, 0
+            close_window(t)
             next_minute = t + WINDOW_S
         else:  # the schedule or a batch stream
             world.poll(t)
         if plan is None:
             plan = world.start_step(t)
-    world.snapshot(duration)
+    if next_minute == duration:  # the last whole minute ends with the run
+        close_window(duration)
+    else:  # a part minute is not judged
+        world.snapshot(duration)
     peak = max(peak, world.gpu.temp_c)
     values = [ms for _, ms in ttfts]
     judged = [m for m in minutes if m.chat_p95_ms is not None and m.t_s >= warmup_s]
