@@ -49,13 +49,30 @@ def settings_from(ctx: click.Context) -> Settings:
     return obj["settings"]
 
 
-def when_arg(text: str | None, now: float) -> float | None:
+def when_arg(text: str | None, now: float, option: str = "--since") -> float | None:
+    """Unix seconds for a time option, or a usage error that names the option."""
     if text is None:
         return None
     try:
         return parse_when(text, now)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+def window_args(since: str, until: str | None, now: float) -> tuple[float, float | None]:
+    """--since and --until as unix seconds; a usage error when nothing lies between them
+    (a range given the wrong way round read as an empty history, "(no rows)")."""
+    since_ts = when_arg(since, now, "--since")
+    until_ts = when_arg(until, now, "--until")
+    assert since_ts is not None  # --since has a default
+    if since_ts >= (until_ts if until_ts is not None else now):
+        end = f"--until {until}" if until is not None else "now"
+        raise click.BadParameter(
+            f"{since} is not before {end}: give the earlier time to --since "
+            "(a duration counts back from now: --since 2d --until 1d)",
+            param_hint="--since",
+        )
+    return since_ts, until_ts
 
 
 def open_store(

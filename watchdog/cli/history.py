@@ -13,6 +13,7 @@ from llm_watchdog.cli.group import (
     open_store,
     settings_from,
     when_arg,
+    window_args,
 )
 from llm_watchdog.cli.headroom import status_line
 from llm_watchdog.cli.judge import export_trace_to
@@ -209,13 +210,12 @@ def history(
     """Probe results (or GPU samples) over a time range, oldest first."""
     one_of_flags("probes", gpu=gpu, control=control)
     if prometheus_url:
-        fleet_listing(prometheus_url, when_arg(until, time.time()), fmt)
+        fleet_listing(prometheus_url, when_arg(until, time.time(), "--until"), fmt)
         return
 
     settings = settings_from(ctx)
     now = time.time()
-    since_ts, until_ts = when_arg(since, now), when_arg(until, now)
-    assert since_ts is not None
+    since_ts, until_ts = window_args(since, until, now)
     if control:
         with open_store(settings, read_only=True) as store:
             rows = control_actions(store, since_ts, until_ts)

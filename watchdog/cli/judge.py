@@ -25,6 +25,7 @@ from llm_watchdog.cli.group import (
     reach_server,
     settings_from,
     when_arg,
+    window_args,
 )
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.daemon.service import Daemon
@@ -60,7 +61,7 @@ def drift(ctx: click.Context, since: str, until: str | None, only_open: bool, fm
 
     settings = settings_from(ctx)
     now = time.time()
-    since_ts, until_ts = when_arg(since, now), when_arg(until, now)
+    since_ts, until_ts = window_args(since, until, now)
     with open_store(settings, read_only=True) as store:
         rows = events(store, since_ts, until_ts)
     if only_open:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, when_arg
+from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_args
 from llm_watchdog.cli.headroom import stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
@@ -57,11 +57,8 @@ def report(
     if out.suffix.lower() not in (".html", ".htm", ".png"):
         raise click.BadParameter("end the file name in .html or .png", param_hint="--out")
     now = time.time()
-    since_ts = when_arg(since, now)
-    until_ts = when_arg(until, now) or now
-    assert since_ts is not None
-    if since_ts >= until_ts:
-        raise click.BadParameter("--since must be before --until", param_hint="--since")
+    since_ts, until_at = window_args(since, until, now)
+    until_ts = until_at if until_at is not None else now
     target_ms = _target_ms(ctx, target)
     if prometheus_url:
         try:
