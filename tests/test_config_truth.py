@@ -120,7 +120,7 @@ def test_secrets_in_a_world_readable_file_are_warned_about_and_never_printed(tmp
     result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
     assert result.exit_code == 0, result.output
     assert "readable by every user (mode 0644)" in result.output
-    assert "alerts.sink[0].url" in result.output and "headers" in result.output
+    assert "alerts.sink[1].url" in result.output and "headers" in result.output
     assert "SECRET" not in result.output
     path.chmod(0o600)
     result = CliRunner().invoke(cli, ["--config", str(path), "check-config"])
@@ -236,7 +236,7 @@ def test_keys_that_only_mention_a_secret_word_are_not_secrets(key):
 )
 def test_keys_that_hold_a_secret_are_secrets(key):
     assert _secret_key(key)
-    assert _inline_secrets({"alerts": {"sink": [{key: "s3cr3t"}]}}) == [f"alerts.sink[0].{key}"]
+    assert _inline_secrets({"alerts": {"sink": [{key: "s3cr3t"}]}}) == [f"alerts.sink[1].{key}"]
 
 
 def test_addresses_hold_a_secret_only_with_a_password_or_a_token_in_them():
@@ -267,8 +267,8 @@ def test_addresses_hold_a_secret_only_with_a_password_or_a_token_in_them():
     assert _inline_secrets(secret) == [
         "server.url",
         "control.gateway_url",
-        "alerts.sink[0].url",
         "alerts.sink[1].url",
+        "alerts.sink[2].url",
     ]
 
 
@@ -282,3 +282,33 @@ def test_a_secret_written_into_a_file_readable_by_all_is_still_warned_about(tmp_
     (warning,) = load_settings(str(path), env={}).warnings
     assert "holds secrets (control.gateway_url)" in warning
     assert "first_token_timeout" not in warning and "hunter2" not in warning
+
+
+@pytest.mark.parametrize(
+    ("sink", "message"),
+    [
+        ('type = "webhok"\nurl = "https://hooks.example/x"', "alerts.sink[2].type: 'webhok'"),
+        ('type = "webhook"\nshape = "teams"\nurl = "https://h.example/x"', "alerts.sink[2].shape"),
+        ('type = "webhook"\nurl = "***"', "alerts.sink[2].url"),
+    ],
+)
+def test_check_config_refuses_an_alert_sink_that_run_refuses(tmp_path, sink, message):
+    path = tmp_path / "config.toml"
+    path.write_text(f'[[alerts.sink]]\ntype = "log"\n\n[[alerts.sink]]\n{sink}\n')
+    path.chmod(0o600)
+    for command in (["check-config"], ["run"]):
+        result = CliRunner().invoke(cli, ["--config", str(path), *command], env={})
+        assert result.exit_code == 78, (command, result.output)
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_printed_secrets_are_said_to_be_masked(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(SECRET_SINK)
+    path.chmod(0o600)
+    result = check_config(path)
+    assert result.exit_code == 0, result.output
+    assert "# secrets are shown as ***: put them back to load this as a config" in result.output
+    plain = tmp_path / "plain.toml"
+    plain.write_text("")
+    assert "secrets are shown" not in check_config(plain).output

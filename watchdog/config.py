@@ -397,7 +397,7 @@ def _inline_secrets(value: Any, prefix: str = "") -> list[str]:
             else:
                 out.extend(_inline_secrets(v, where))
     elif isinstance(value, list):
-        for i, v in enumerate(value):
+        for i, v in enumerate(value, start=1):
             out.extend(_inline_secrets(v, f"{prefix}[{i}]"))
     return out
 

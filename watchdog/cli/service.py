@@ -54,9 +54,9 @@ def check_config(ctx: click.Context, example: bool, as_json: bool) -> None:
         return
     settings = settings_from(ctx)
     try:
+        # What `run` reads before it starts, read here: a config this passes, `run` takes.
         # A named secret that cannot be read is a config error too (never printed).
-        settings.api_key()
-        settings.control_token()
+        validate_for_start(settings)
     except ConfigError as exc:
         raise ConfigFail(str(exc)) from None
     for warning in settings.warnings:
@@ -67,7 +67,9 @@ def check_config(ctx: click.Context, example: bool, as_json: bool) -> None:
         return
     # Exactly what was loaded: this text, saved as a config file, loads to equal settings.
     click.echo(f"# effective settings from {settings.source}")
-    click.echo(settings.to_toml(), nl=False)
+    if "***" in (text := settings.to_toml()):
+        click.echo("# secrets are shown as ***: put them back to load this as a config")
+    click.echo(text, nl=False)
 
 
 # ---- run ------------------------------------------------------------------------------------
