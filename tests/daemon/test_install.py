@@ -152,3 +152,29 @@ def test_a_failing_systemctl_says_the_files_are_written_and_what_is_left(tmp_pat
     assert "loginctl enable-linger" in line
     assert "systemctl --user enable --now llm-watchdog.service" in line
     assert (tmp_path / ".config/systemd/user/llm-watchdog.service").is_file()
+
+
+def test_a_gateway_install_keeps_the_slot_line_and_sends_canaries_through_the_gateway(tmp_path):
+    from llm_watchdog.config import settings_from_dict
+    from llm_watchdog.gateway.cli import gateway
+    from llm_watchdog.gateway.config import ENGINE_SLOTS_AUTO
+
+    result = CliRunner().invoke(cli, ["install", "--root", str(tmp_path), "--gateway"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "etc/llm-watchdog/gateway.env").read_text()
+    env = dict(line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
+    params = {p.name: p for p in gateway.params}
+    for name in env:  # every line is an option of the gateway
+        assert name.removeprefix("LLM_WATCHDOG_GATEWAY_").lower() in params, name
+    slots = params["engine_slots"]
+    # The gateway's own default, the line the README's figures are measured behind.
+    assert slots.type.convert(env["LLM_WATCHDOG_GATEWAY_ENGINE_SLOTS"], slots, None) == (
+        ENGINE_SLOTS_AUTO
+    )
+    config = tomllib.loads((tmp_path / "etc/llm-watchdog/config.toml").read_text())
+    settings = settings_from_dict(config, "installed")
+    listen = "http://" + env["LLM_WATCHDOG_GATEWAY_LISTEN"]
+    assert settings.server.url == listen == settings.control.gateway_url
+    assert settings.control.enabled and settings.control.token_credential == "control-token"
+    plain = tomllib.loads((plan_install(tmp_path / "x", start=False)).config_text)
+    assert plain["server"]["url"] == "http://127.0.0.1:8000" and not plain["control"]["enabled"]

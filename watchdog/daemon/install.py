@@ -35,13 +35,19 @@ LLM_WATCHDOG_GATEWAY_MAX_QUEUE_WAIT=30s
 # Batch requests let in per second after a raise (0: all at once).
 LLM_WATCHDOG_GATEWAY_BATCH_RAMP=0.5
 # The engine's slots (vLLM --max-num-seqs, llama.cpp --parallel): batch is held under them
-# less min(4, slots/8), so chat finds one free. 0: not known, no line.
-LLM_WATCHDOG_GATEWAY_ENGINE_SLOTS=0
+# less min(4, slots/8), so chat finds one free. auto: as the engine says (llama.cpp's /props,
+# SGLang's /get_server_info; vLLM's --max-num-seqs from LLM_WATCHDOG_GATEWAY_ENGINE_UNIT,
+# its systemd unit), no line where it says nothing; a number; 0: no line.
+LLM_WATCHDOG_GATEWAY_ENGINE_SLOTS=auto
 # The control token is the systemd credential "control-token" (LoadCredential= in the
 # unit); the watchdog's [control] token_credential names the same one.
 LLM_WATCHDOG_GATEWAY_TOKEN_CREDENTIAL=control-token
 """
 TOKEN_CREDENTIAL = "control-token"
+GATEWAY_URL = "http://127.0.0.1:8090"  # LLM_WATCHDOG_GATEWAY_LISTEN above
+_CONTROL_OFF = (
+    "# Point server.url at the gateway too, so canaries go through it as chat.\nenabled = false"
+)
 # Lines a user unit cannot use: it runs as its owner, who needs their home, and a user
 # manager cannot change devices, groups or capabilities.
 _SYSTEM_ONLY = {
@@ -219,10 +225,20 @@ def _config_for(credentials: dict[str, Path], user: bool = False) -> str:
     install, the service's database (a user unit and the CLI share the XDG default)."""
     text = example_config()
     if TOKEN_CREDENTIAL in credentials:
-        text = text.replace('token_credential = ""', f'token_credential = "{TOKEN_CREDENTIAL}"', 1)
+        # With the gateway installed, canaries go through it as chat and the watchdog steers
+        # it: what the gateway is installed for.
+        text = _swap(text, 'url = "http://127.0.0.1:8000"', f'url = "{GATEWAY_URL}"')
+        text = _swap(text, _CONTROL_OFF, _CONTROL_OFF.replace("enabled = false", "enabled = true"))
+        text = _swap(text, 'token_credential = ""', f'token_credential = "{TOKEN_CREDENTIAL}"')
     if not user:
         text = text.replace(f'# path = "{SYSTEM_DB}"', f'path = "{SYSTEM_DB}"', 1)
     return text
+
+
+def _swap(text: str, old: str, new: str) -> str:
+    if old not in text:  # the example changed under this code: fail in the tests, not later
+        raise AssertionError(f"the example config has no {old!r}")
+    return text.replace(old, new, 1)
 
 
 def apply(plan: InstallPlan, run_systemctl: bool = True) -> list[str]:
