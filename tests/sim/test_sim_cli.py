@@ -23,7 +23,7 @@ from llm_watchdog.sim.controllers import (
     controller_names,
     register_controller,
 )
-from llm_watchdog.sim.scenario import load_scenario
+from llm_watchdog.sim.scenario import PLAYED_LIVE, available_scenarios, load_scenario
 from llm_watchdog.sim.virtual import run_virtual
 
 
@@ -310,8 +310,49 @@ def test_a_scenario_file_with_no_base_and_no_traffic_is_refused(
     assert code == 78, out
     line = out.strip()
     assert "\n" not in line
-    assert line.startswith("error: idle.toml: no traffic: give base = ")
-    assert "[traffic.chat] arrivals_per_s or [traffic.batch] streams" in line
+    assert line.startswith("llm-watchdog: idle.toml: no traffic: give base = ")
+    assert "[traffic.chat] arrivals_per_s and [traffic.batch] streams" in line
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("name", PLAYED_LIVE)
+def test_a_card_the_demo_plays_live_says_so_and_how_to_run_it_here(
+    tmp_path: Path, command: str, name: str
+) -> None:
+    code, out = invoke(command, "-s", name, "--duration", "10m")
+    assert code == 78 and "\n" not in out.strip(), out
+    assert out.startswith(f"llm-watchdog: {name}: no chat of its own: ")
+    assert f"llm-watchdog demo --scenario {name}" in out
+    # What the line says to write runs.
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        f'base = "{name}"\n[traffic.chat]\narrivals_per_s = 0.2\n[traffic.batch]\nstreams = 4\n'
+    )
+    code, out = invoke("run", "-s", str(path), "--duration", "5m", "--json")
+    assert code == 0 and json.loads(out)["slo_windows"] == 3, out
+
+
+def test_only_the_cards_played_live_lack_chat_of_their_own() -> None:
+    no_chat = [
+        n
+        for n in available_scenarios()
+        if not load_scenario(n).chat.arrivals_per_s
+        and not any(e.chat_arrivals_per_s for e in load_scenario(n).schedule)
+    ]
+    assert no_chat == sorted(PLAYED_LIVE)
+    code, out = invoke("run", "-s", "heat-and-load", "--duration", "10m")
+    assert "0/0" not in out
+
+
+def test_a_file_with_batch_and_no_chat_has_no_chat_to_judge(tmp_path: Path) -> None:
+    path = tmp_path / "batch.toml"
+    path.write_text('name = "b"\n[traffic.batch]\nstreams = 4\n', encoding="utf-8")
+    code, out = invoke("run", "-s", str(path), "--duration", "5m")
+    assert code == 78
+    assert out.strip() == (
+        'llm-watchdog: batch.toml: no chat to judge: give base = "workstation" (or another '
+        "bundled scenario) to start from, or [traffic.chat] arrivals_per_s"
+    )
 
 
 def test_a_scenario_file_with_only_a_base_runs_the_bases_traffic(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import json
 import math
 import signal
 import threading
+from typing import NoReturn
 
 import click
 
@@ -30,7 +31,13 @@ from llm_watchdog.errors import EX_CONFIG
 from llm_watchdog.gateway.config import slot_line
 from llm_watchdog.nvml.throttle import GPU_IDLE
 from llm_watchdog.sim.controllers import ControllerError, controller_names
-from llm_watchdog.sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
+from llm_watchdog.sim.scenario import (
+    PLAYED_LIVE,
+    Scenario,
+    ScenarioError,
+    available_scenarios,
+    load_scenario,
+)
 from llm_watchdog.sim.server import LabError, SimLab
 from llm_watchdog.sim.virtual import WINDOW_S, MinuteRow, RunResult, run_virtual
 from llm_watchdog.stats import quantile
@@ -42,8 +49,7 @@ def _scenario(name: str) -> Scenario:
     except ScenarioError as exc:
         if "not found" in str(exc):
             raise click.BadParameter(str(exc), param_hint="--scenario") from exc
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(EX_CONFIG) from exc
+        _config_error(str(exc))
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -76,18 +82,32 @@ def need_a_window(duration_s: float, warmup_s: float, given: bool) -> None:
 
 
 def need_traffic(sc: Scenario) -> None:
-    """A scenario with no chat and no batch at any time runs an idle card: nothing to judge.
-    The loader's defaults are no traffic, so an empty file (or one of only [gpu] keys) gets
-    here; say what the file lacks, as the loader's errors do, and exit as they do."""
-    later = any(e.chat_arrivals_per_s or e.batch_streams for e in sc.schedule)
-    if sc.chat.arrivals_per_s > 0 or sc.batch.streams > 0 or later:
+    """`sim run` and `sim sweep` judge chat's TTFT: a scenario with no chat at any time has
+    nothing to judge (its figures read "0/0 windows"), and an empty file has no traffic at
+    all (the loader's defaults are none). Say what the file lacks, as the loader's errors
+    do, and exit as they do."""
+    if sc.chat.arrivals_per_s > 0 or any(e.chat_arrivals_per_s for e in sc.schedule):
         return
     where = sc.path.name if sc.path is not None else sc.name
-    click.echo(
-        f'error: {where}: no traffic: give base = "workstation" (or another bundled '
-        "scenario) to start from, or [traffic.chat] arrivals_per_s or [traffic.batch] streams",
-        err=True,
+    batch = any(e.batch_streams for e in sc.schedule) or sc.batch.streams > 0
+    if sc.name in PLAYED_LIVE:
+        _config_error(
+            f"{sc.name}: no chat of its own: `llm-watchdog demo --scenario {sc.name}` plays "
+            "this card with real chat and batch through a live gateway; to run it here, write "
+            f'a file with base = "{sc.name}" and [traffic.chat] arrivals_per_s = 0.2'
+            + ("" if batch else ", [traffic.batch] streams = 4")
+        )
+    what = "no chat to judge" if batch else "no traffic"
+    _config_error(
+        f'{where}: {what}: give base = "workstation" (or another bundled scenario) to start '
+        "from, or [traffic.chat] arrivals_per_s"
+        + ("" if batch else " and [traffic.batch] streams")
     )
+
+
+def _config_error(message: str) -> NoReturn:
+    """A scenario file that cannot be run: one line, exit 78, as every config error."""
+    click.echo(f"llm-watchdog: {message}", err=True)
     raise SystemExit(EX_CONFIG)
 
 
@@ -154,7 +174,7 @@ def serve(
     try:
         lab.start()
     except LabError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"llm-watchdog: {exc}", err=True)
         raise SystemExit(1) from exc
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -624,7 +644,12 @@ def sweep(
 
 
 def _scenario_list() -> str:
-    return ", ".join(available_scenarios())
+    judged = [n for n in available_scenarios() if n not in PLAYED_LIVE]
+    live = [n for n in available_scenarios() if n in PLAYED_LIVE]
+    return (
+        f"{', '.join(judged)}; and {', '.join(live)}, which `llm-watchdog demo --scenario` "
+        "plays with real clients (no chat of their own to run or sweep here)"
+    )
 
 
 sim.help = (

@@ -219,6 +219,11 @@ _UNITS = {
 _CHOICES = {"engine.engine": ("vllm", "llama.cpp"), "engine.scheduling": ("fcfs", "priority")}
 
 
+# Bundled cards that `llm-watchdog demo` (and `sim serve`) play with traffic from real clients:
+# they carry no chat of their own for `sim run` or `sim sweep` to judge.
+PLAYED_LIVE = ("demo", "heat-and-load")
+
+
 def available_scenarios() -> list[str]:
     """Names of the bundled scenarios."""
     return sorted(p.stem for p in bundled_dir("scenarios").glob("*.toml"))
