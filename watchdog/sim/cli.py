@@ -100,8 +100,7 @@ def need_traffic(sc: Scenario) -> None:
     what = "no chat to judge" if batch else "no traffic"
     _config_error(
         f'{where}: {what}: give base = "workstation" (or another bundled scenario) to start '
-        "from, or [traffic.chat] arrivals_per_s"
-        + ("" if batch else " and [traffic.batch] streams")
+        "from, or [traffic.chat] arrivals_per_s" + ("" if batch else " and [traffic.batch] streams")
     )
 
 
