@@ -230,10 +230,14 @@ def run_demo(
             # The allowance the probe was sent under, as its row keeps it: the control loop
             # runs on its own thread and may have moved it since.
             allowance = r.batch_allowance
+            if allowance is None and not opts.control:  # nothing steers: the gateway's own
+                allowance = opts.default_allowance
             t = time.monotonic() - t0
             result.probes.append((t, r, g, allowance))
-            if allowance is not None and (
-                not result.allowances or result.allowances[-1][1] != allowance
+            if (
+                opts.control
+                and allowance is not None
+                and (not result.allowances or result.allowances[-1][1] != allowance)
             ):
                 result.allowances.append((t, allowance))
             say(_line(t, r, g, allowance))
