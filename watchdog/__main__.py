@@ -1,4 +1,4 @@
-from llm_watchdog.cli import main
+from llm_watchdog.entry import main
 
 if __name__ == "__main__":
     main()
