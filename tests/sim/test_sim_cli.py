@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -369,3 +370,24 @@ def test_demo_help_points_where_the_scenarios_are_listed() -> None:
     demo_help = CliRunner().invoke(cli, ["demo", "--help"]).output
     assert "`llm-watchdog sim --help` lists them" in " ".join(demo_help.split())
     assert "workstation" in CliRunner().invoke(sim, ["--help"]).output
+
+
+def test_a_sweep_cell_from_too_few_windows_is_marked_and_never_contradicts_the_answer() -> None:
+    # consumer-warm-room spends a few warm minutes at 12 and 16 (the card heats fast): their
+    # warm p95 is shown, but cannot count; unmarked, it read as warm holding 16 while the
+    # answer said warm ≥ 8.
+    code, out = invoke("sweep", "-s", "consumer-warm-room")
+    assert code == 0, out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("allowance"))
+    rows = []
+    for line in lines[head + 1 :]:
+        if not line[:9].strip().isdigit():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows.append((int(cells[0]), cells[3]))  # allowance, warm p95
+    answer = next(line for line in lines if line.startswith("warm "))
+    assert answer.startswith("warm    ≥ 8"), answer
+    above = [warm for n, warm in rows if n > 8]
+    assert above and all(w.startswith("(") and w.endswith(")") for w in above), rows
+    assert any("in brackets: from fewer than 5 windows" in line for line in lines)

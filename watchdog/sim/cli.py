@@ -596,9 +596,17 @@ def sweep(
     )
     groups = state_groups(sc, runs)
 
+    few = False
+
     def p99(state: str, n: int) -> str:
+        nonlocal few
         g = next((g for g in groups.get(state, []) if g.lo == n), None)
-        return "-" if g is None else _ms(g.p95_ms)
+        if g is None:
+            return "-"
+        if g.n < MIN_STATE_WINDOWS:  # shown, but too few to count for or against
+            few = True
+            return f"({_ms(g.p95_ms)})"
+        return _ms(g.p95_ms)
 
     for n, rs in sorted(runs.items()):
         att = share_text(worst(rs).slo_attainment)
@@ -609,6 +617,11 @@ def sweep(
             f"  {tok:>8,.1f}  {peak:>5.1f} °C"
         )
     click.echo("(per state: the chat p95 that 99 % of its one-minute windows stayed under)")
+    if few:
+        click.echo(
+            f"(in brackets: from fewer than {MIN_STATE_WINDOWS} windows in that state, too few "
+            "to count for or against the allowance)"
+        )
     click.echo("state   allowance  (confidence, windows, bands)")
     for row in rows:
         click.echo(describe(row))
