@@ -65,6 +65,9 @@ def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
     assert writes and verified
     assert any("batch allowance" in line for line in lines)
     assert any(str(result.db_path) in line for line in lines)
+    (gpu_line,) = [line for line in lines if line.strip().startswith("GPU ")]
+    heat = len(hot)  # the probes with a thermal reason: the cap alone is not heat
+    assert f"slowed by heat in {heat} of {len(result.probes)} probes" in gpu_line, gpu_line
 
     # Everything it started is stopped: no server answers, no thread of its own is left.
     url = next(s for s in said if s.startswith("engine ")).split()[1]

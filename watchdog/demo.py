@@ -35,7 +35,7 @@ from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.nvml.throttle import is_thermal, reason_names
+from llm_watchdog.nvml.throttle import is_power, is_thermal, reason_names
 from llm_watchdog.probe.engine import resolve_model
 from llm_watchdog.report.data import nearest_rank
 from llm_watchdog.sim.scenario import load_scenario
@@ -406,15 +406,15 @@ def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
             f"{statistics.median(ttfts):.0f} ms, p95 {_p95(ttfts):.0f} ms"
         )
     temps = [g.temp_c for _, _, g, _ in result.probes if g is not None and g.temp_c]
-    throttled = [
-        g
-        for _, _, g, _ in result.probes
-        if g is not None and g.throttle_reasons and reason_names(g.throttle_reasons) != ["gpu_idle"]
-    ]
+    masks = [g.throttle_reasons for _, _, g, _ in result.probes if g is not None]
+    heat = sum(1 for m in masks if is_thermal(m))
+    # The power cap alone: a cool card at full load touches it too, and it is not heat.
+    power = sum(1 for m in masks if is_power(m) and not is_thermal(m))
     if temps:
         lines.append(
-            f"  GPU              peak {max(temps):.0f} °C; throttled in "
-            f"{len(throttled)} of {len(result.probes)} probes"
+            f"  GPU              peak {max(temps):.0f} °C; slowed by heat in {heat} of "
+            f"{len(result.probes)} probes"
+            + (f", at its power cap (not hot) in {power}" if power else "")
         )
     if result.allowances:
         path = " → ".join(str(a) for _, a in result.allowances)

@@ -9,6 +9,7 @@ from PIL import Image
 from llm_watchdog.nvml.throttle import SW_POWER_CAP, SW_THERMAL_SLOWDOWN
 from llm_watchdog.report.charts import report_png
 from llm_watchdog.report.data import (
+    Report,
     from_rows,
     nearest_rank,
     probe_interval_s,
@@ -66,9 +67,28 @@ def test_throttled_periods_join_throttled_samples_and_ignore_idle() -> None:
     rows[8] = gpu(T0 + 8, 70.0, 1800.0, SW_POWER_CAP)
     periods = throttled_periods(rows)
     assert [(p.start_ts - T0, p.end_ts - T0, p.label) for p in periods] == [
-        (3.0, 6.0, "sw_thermal_slowdown"),
-        (8.0, 8.0, "sw_power_cap"),
+        (3.0, 6.0, "heat: sw_thermal_slowdown"),
+        (8.0, 8.0, "power cap: sw_power_cap"),
     ]
+
+
+def test_heat_and_the_power_cap_are_periods_of_their_own_and_heat_wins_where_both_hold() -> None:
+    # A cool card at full load touches its cap now and then; then the fans stop. Counted as
+    # one "throttled", the cap's minutes read as heat.
+    masks = [SW_POWER_CAP, 0, SW_POWER_CAP, SW_POWER_CAP, SW_THERMAL_SLOWDOWN | SW_POWER_CAP]
+    masks += [SW_THERMAL_SLOWDOWN] * 3 + [SW_POWER_CAP, 0]
+    rows = [gpu(T0 + 10 * i, 70.0, 1800.0, m) for i, m in enumerate(masks)]
+    got = [(p.start_ts - T0, p.end_ts - T0, p.label) for p in throttled_periods(rows)]
+    assert got == [
+        (0.0, 0.0, "power cap: sw_power_cap"),
+        (20.0, 30.0, "power cap: sw_power_cap"),
+        (40.0, 70.0, "heat: sw_power_cap,sw_thermal_slowdown"),
+        (80.0, 80.0, "power cap: sw_power_cap"),
+    ]
+    report = Report("test", T0, T0 + 100)
+    report.throttled = throttled_periods(rows)
+    s = report.summary()
+    assert (s["heat_s"], s["power_s"], s["throttled_s"]) == (30.0, 10.0, 40.0)
 
 
 def test_from_rows_windows_marks_scatter_and_notes() -> None:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from llm_watchdog.cli import cli
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
+from llm_watchdog.nvml.throttle import SW_POWER_CAP, SW_THERMAL_SLOWDOWN
 from llm_watchdog.report.prometheus import PrometheusError, fleet, from_prometheus
 from tests.daemon.test_api import status_of
 
@@ -36,10 +37,11 @@ def free_port() -> int:
 class Box:
     """One box's daemon endpoint, with canaries landing while Prometheus scrapes."""
 
-    def __init__(self, ttft_ms: float, temp_c: float) -> None:
+    def __init__(self, ttft_ms: float, temp_c: float, reasons: int) -> None:
         self.probes = ProbeMetrics()
         st = status_of()
         st["gpus"][0]["temp_c"] = temp_c
+        st["gpus"][0]["throttle_reasons"] = reasons
         self.api = ApiServer("127.0.0.1", 0, lambda: st, self.probes).start()
         self.ttft_ms = ttft_ms
         self.stop = threading.Event()
@@ -62,7 +64,9 @@ class Box:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Box, Box]]:
-    fast, hot = Box(ttft_ms=80.0, temp_c=62.0), Box(ttft_ms=1800.0, temp_c=86.0)
+    # The cool box at its power cap; the hot one slowed by heat, at its cap as well.
+    fast = Box(ttft_ms=80.0, temp_c=62.0, reasons=SW_POWER_CAP)
+    hot = Box(ttft_ms=1800.0, temp_c=86.0, reasons=SW_THERMAL_SLOWDOWN | SW_POWER_CAP)
     work = tmp_path_factory.mktemp("prom")
     (work / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -119,7 +123,9 @@ def test_report_reads_one_box_from_prometheus(prom: tuple[str, Box, Box]) -> Non
     assert p95 and 1000 < max(p95) <= 2500, p95
     assert temps and set(temps) == {86.0}
     assert r.target_p95_ms == 1500.0
-    assert r.throttled, "sw_thermal_slowdown is set in both boxes' reasons"
+    assert r.throttled and all(p.label.startswith("heat:") for p in r.throttled), r.throttled
+    cool = from_prometheus(url, now - 120, now, instance=fast.instance)
+    assert cool.throttled and all(p.label.startswith("power cap:") for p in cool.throttled)
     assert [p.label for p in r.drift][:1] == ["chat_slowed (thermal)"]
     assert r.scatter and not r.notes
 

@@ -14,16 +14,17 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from llm_watchdog.report.data import Report, Series
+from llm_watchdog.report.data import HEAT, Report, Series
 
 P50 = "#1f77b4"
 P95 = "#d62728"
 TARGET = "#2ca02c"
 TEMP = "#e6550d"
 CLOCK = "#3182bd"
-THROTTLE = "#9e9ac8"
+THROTTLE = "#9e9ac8"  # slowed by heat
+POWER_CAP = "#c7e9c0"  # at the power cap: a cool card at full load touches it too
 DRIFT = "#fdae6b"
 ALLOWANCE = "#31a354"
 INFLIGHT = "#756bb1"
@@ -92,12 +93,19 @@ def draw_ttft(ax: Axes, r: Report) -> bool:
 
 
 def draw_gpu(ax: Axes, r: Report) -> bool:
-    """GPU temperature (left) and SM clock (right), throttled periods shaded."""
-    ax.set_title("GPU temperature and SM clock; throttled periods shaded")
+    """GPU temperature (left) and SM clock (right); periods slowed by heat shaded, and apart
+    from them, periods at the power cap."""
+    ax.set_title("GPU temperature and SM clock", loc="left")
     _time_axis(ax, r)
-    for i, p in enumerate(r.throttled):
-        ax.axvspan(_x(p.start_ts), _x(p.end_ts), color=THROTTLE, alpha=0.35,
-                   label="throttled" if i == 0 else None)  # fmt: skip
+    said: set[str] = set()
+    for p in r.throttled:
+        heat = p.label.startswith(f"{HEAT}:")
+        label = "slowed by heat" if heat else "at the power cap"
+        # The edge keeps a period of one sample (start = end) in sight, as a line.
+        ax.axvspan(_x(p.start_ts), _x(p.end_ts), color=THROTTLE if heat else POWER_CAP,
+                   alpha=0.35 if heat else 0.6, lw=0.8,
+                   label=None if label in said else label)  # fmt: skip
+        said.add(label)
     if not r.temp_c and not r.sm_clock_mhz:
         _empty(ax, "no GPU samples in this span")
         return False
@@ -108,7 +116,10 @@ def draw_gpu(ax: Axes, r: Report) -> bool:
     right.set_ylabel("MHz", color=CLOCK)
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower left", fontsize=8)
+    # Above the plot, right of the title: inside, it hid the trace wherever it was put.
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right",
+              bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False,
+              borderaxespad=0.2)  # fmt: skip
     return True
 
 
@@ -132,11 +143,18 @@ def draw_batch(ax: Axes, r: Report) -> bool:
     return True
 
 
+def _seconds_text(v: float, _pos: int | None = None) -> str:
+    """A TTFT tick: "20 ms", "500 ms", "1.5 s", not 2×10⁻²."""
+    if v <= 0:
+        return "0"
+    return f"{v * 1000:.3g} ms" if v < 1 else f"{v:.3g} s"
+
+
 def draw_scatter(ax: Axes, r: Report) -> bool:
     """TTFT against SM clock, one point per canary, coloured by batch in flight."""
     ax.set_title("Canary TTFT against SM clock, coloured by batch in flight")
     ax.set_xlabel("SM clock MHz")
-    ax.set_ylabel("TTFT seconds")
+    ax.set_ylabel("TTFT")
     ax.grid(True, alpha=0.3)
     if not r.scatter:
         _empty(ax, "no canaries with a GPU sample beside them")
@@ -147,6 +165,9 @@ def draw_scatter(ax: Axes, r: Report) -> bool:
     points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=14, alpha=0.8)
     if min(ys) > 0 and max(ys) / min(ys) > 20:
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(_seconds_text))
     # Beside the plot, in the margin the charts above keep for their right axes: a bar
     # that takes its room from the plot leaves this chart narrower than the others and
     # the bar far off at the page's edge.

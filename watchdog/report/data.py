@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_watchdog.nvml.throttle import is_throttled, reason_names
+from llm_watchdog.nvml.throttle import is_power, is_thermal, reason_names
 
 
 @dataclass
@@ -75,9 +75,15 @@ class Report:
             ),
             "peak_temp_c": max(temps) if temps else None,
             "throttled_s": sum(p.end_ts - p.start_ts for p in self.throttled),
+            "heat_s": sum(p.end_ts - p.start_ts for p in self.throttled if _is(p, HEAT)),
+            "power_s": sum(p.end_ts - p.start_ts for p in self.throttled if _is(p, POWER)),
             "drift_events": len(self.drift),
             "control_actions": len(self.actions),
         }
+
+
+def _is(period: Period, kind: str) -> bool:
+    return period.label.startswith(f"{kind}:")
 
 
 def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:
@@ -121,27 +127,43 @@ def ttft_windows(
     return p50, p95
 
 
+HEAT, POWER = "heat", "power cap"  # the two kinds of throttle a period is of
+
+
+def throttle_kind(mask: int | None) -> str | None:
+    """HEAT, POWER or None (not held down). Heat wins where both hold: it is what slows."""
+    if is_thermal(mask):
+        return HEAT
+    if is_power(mask):
+        return POWER
+    return None
+
+
 def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
-    """Runs of samples whose clock-event reasons are a throttle (heat or power)."""
+    """Runs of samples held down by heat, or by the power cap, each run of one kind; the
+    label is the kind and the reasons seen ("heat: sw_thermal_slowdown"). A power cap that
+    comes and goes at full load is not heat, and a report that shades both alike reads a
+    cool card's cap as throttling."""
     periods: list[Period] = []
     start: float | None = None
+    kind: str | None = None
     last_ts = 0.0
     names: set[str] = set()
     gaps = [b["ts"] - a["ts"] for a, b in zip(gpu, gpu[1:], strict=False)]
     max_gap = 3.0 * sorted(gaps)[len(gaps) // 2] if gaps else math.inf
     for g in gpu:
         mask = g.get("throttle_reasons")
-        on = is_throttled(mask)
-        if start is not None and (not on or g["ts"] - last_ts > max_gap):
-            periods.append(Period(start, last_ts, ",".join(sorted(names))))
+        now = throttle_kind(mask)
+        if start is not None and (now != kind or g["ts"] - last_ts > max_gap):
+            periods.append(Period(start, last_ts, f"{kind}: {','.join(sorted(names))}"))
             start, names = None, set()
-        if on:
+        if now is not None:
             if start is None:
-                start = g["ts"]
-            names.update(reason_names(mask))
+                start, kind = g["ts"], now
+            names.update(n for n in reason_names(mask) if n != "gpu_idle")
             last_ts = g["ts"]
     if start is not None:
-        periods.append(Period(start, last_ts, ",".join(sorted(names))))
+        periods.append(Period(start, last_ts, f"{kind}: {','.join(sorted(names))}"))
     return periods
 
 

@@ -26,8 +26,8 @@ CHART_H_PX = int(HEIGHT_IN * DPI)
 CAPTIONS = {
     "ttft": "Chat TTFT p50 and p95 per window (canary probes), the target dashed; drift "
     "events shaded orange, control actions dotted.",
-    "gpu": "GPU temperature and SM clock; periods with a heat or power throttle reason set are "
-    "shaded.",
+    "gpu": "GPU temperature and SM clock; periods slowed by heat (a thermal clock-event "
+    "reason set) shaded purple, periods at the power cap and not hot shaded green.",
     "batch": "The batch allowance the watchdog set and the batch requests in flight.",
     "scatter": "Each canary's TTFT against the SM clock at that moment, coloured by the batch "
     "requests in flight: heat moves points left, load moves them up and yellow.",
@@ -88,7 +88,8 @@ def report_html(r: Report) -> str:
         ("windows over target", f"{s['windows_over_target']} of {s['windows']}"),
         ("target p95", _ms(r.target_p95_ms)),
         ("peak temperature", "–" if s["peak_temp_c"] is None else f"{s['peak_temp_c']:.0f} °C"),
-        ("time throttled", f"{s['throttled_s'] / 60:.1f} min"),
+        ("time slowed by heat", f"{s['heat_s'] / 60:.1f} min"),
+        ("at the power cap", f"{s['power_s'] / 60:.1f} min"),
         ("drift events", str(s["drift_events"])),
         ("control actions", str(s["control_actions"])),
     ]

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 
 from llm_watchdog.errors import WatchdogError
-from llm_watchdog.report.data import Mark, Period, Report, Series, window_s
+from llm_watchdog.report.data import HEAT, POWER, Mark, Period, Report, Series, window_s
 
-THROTTLE_REASONS = (
-    "sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown|sw_power_cap|hw_power_brake_slowdown"
-)
+HEAT_REASONS = "sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown"
+POWER_REASONS = "sw_power_cap|hw_power_brake_slowdown"
+THROTTLE_REASONS = f"{HEAT_REASONS}|{POWER_REASONS}"
 
 
 class PrometheusError(WatchdogError):
@@ -145,9 +145,21 @@ def _report(
     report.ttft_p95_ms = _series(q(f"histogram_quantile(0.95, {buckets})"), 1000.0)
     report.temp_c = _series(q(f"max({m('llm_watchdog_gpu_temperature_celsius')})"))
     report.sm_clock_mhz = _series(q(f"min({m('llm_watchdog_gpu_sm_clock_mhz')})"))
-    throttle_sel = 'reason=~"' + THROTTLE_REASONS + '"'
-    throttled = q(f"max({m('llm_watchdog_gpu_clock_event_active', throttle_sel)})")
-    report.throttled = _periods(throttled, step, lambda labels: "throttled")
+    # Heat, and the power cap where heat does not hold too: one kind at a time, as the
+    # store's periods are (report.data.throttled_periods).
+    heat_sel = 'reason=~"' + HEAT_REASONS + '"'
+    power_sel = 'reason=~"' + POWER_REASONS + '"'
+    heat_q = f"max({m('llm_watchdog_gpu_clock_event_active', heat_sel)})"
+    power_q = f"max({m('llm_watchdog_gpu_clock_event_active', power_sel)})"
+    report.throttled = sorted(
+        _periods(q(heat_q), step, lambda labels: f"{HEAT}: {HEAT_REASONS.replace('|', ',')}")
+        + _periods(
+            q(f"{power_q} unless ({heat_q} > 0)"),
+            step,
+            lambda labels: f"{POWER}: {POWER_REASONS.replace('|', ',')}",
+        ),
+        key=lambda p: p.start_ts,
+    )
     report.allowance = _series(q(f"sum({m('llm_watchdog_batch_allowance')})"))
     report.inflight = _series(q(f"sum({m('llm_watchdog_batch_inflight')})"))
     drift = q(f"max by (kind, cause) ({m('llm_watchdog_drift_open')})")
