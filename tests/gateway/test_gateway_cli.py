@@ -56,11 +56,11 @@ def test_key_classes_file(tmp_path: Path) -> None:
     [
         (["--listen", "nowhere"], 2, "expected HOST:PORT like 127.0.0.1:8090"),
         (["--token-file", "/nonexistent/token"], 78, "cannot read control token file"),
-        (["--batch-allowance", "9", "--batch-ceiling", "4"], 2, "batch_default_allowance must"),
+        (["--batch-allowance", "9", "--batch-ceiling", "4"], 2, "--batch-allowance must"),
         (["--upstream", "http://127.0.0.1:8000/v1"], 2, "must be the engine's root"),
         (["--max-queue-wait", "soon"], 2, "expected a duration like 10s"),
         (["--priority", "batch=low"], 2, "expected CLASS=INTEGER like batch=10"),
-        (["--upstream-first-byte-timeout", "0"], 2, "upstream_first_byte_timeout_s must be > 0"),
+        (["--upstream-first-byte-timeout", "0"], 2, "--upstream-first-byte-timeout must be > 0"),
         (["--header-timeout", "soon"], 2, "expected a duration like 10s"),
         (["--client-stall-timeout", "soon"], 2, "expected a duration like 10s"),
         (["--max-connections", "0"], 2, "0 is not in the range x>=1"),
@@ -230,4 +230,4 @@ def test_max_body_total_from_the_command_line_or_the_environment(
 def test_a_body_budget_under_the_body_limit_is_refused() -> None:
     result = CliRunner().invoke(gateway, ["--max-body-total", "1000"])
     assert result.exit_code == 2
-    assert "max_body_total_bytes (1000) must be at least max_body_bytes" in result.output
+    assert "--max-body-total (1000) must be at least --max-body" in result.output

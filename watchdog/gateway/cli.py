@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,50 @@ def _env_name(param_name: str) -> str:
     return f"LLM_WATCHDOG_GATEWAY_{param_name.upper()}"
 
 
+# GatewayConfig's fields as its errors name them, and the option that sets each.
+_FIELD_OPTIONS = {
+    "upstream_url": "upstream",
+    "secondary_upstream_url": "secondary_upstream",
+    "listen_port": "listen",
+    "default_class": "default_class",
+    "key_classes": "key_classes_file",
+    "batch_default_allowance": "batch_allowance",
+    "batch_ceiling": "batch_ceiling",
+    "max_queue_wait_s": "max_queue_wait",
+    "max_queued": "max_queued",
+    "batch_ramp_per_s": "batch_ramp",
+    "batch_ramp_idle_s": "batch_ramp_idle",
+    "preempt_batch": "preempt_batch",
+    "engine_slots": "engine_slots",
+    "priorities": "priorities",
+    "upstream_first_byte_timeout_s": "upstream_first_byte_timeout",
+    "upstream_read_timeout_s": "upstream_read_timeout",
+    "upstream_pool_size": "upstream_pool",
+    "header_timeout_s": "header_timeout",
+    "body_timeout_s": "body_timeout",
+    "client_stall_timeout_s": "client_stall_timeout",
+    "max_connections": "max_connections",
+    "max_body_bytes": "max_body",
+    "max_body_total_bytes": "max_body_total",
+}
+_FIELD = re.compile(r"\b(" + "|".join(sorted(_FIELD_OPTIONS, key=len, reverse=True)) + r")\b")
+
+
+def _name_options(message: str, ctx: click.Context) -> str:
+    """A GatewayConfig error in the user's words: each field as the option the user gave
+    it by, `--batch-ceiling` on a command line or LLM_WATCHDOG_GATEWAY_BATCH_CEILING from
+    gateway.env, not `batch_ceiling`."""
+
+    def option(m: re.Match[str]) -> str:
+        name = _FIELD_OPTIONS[m.group(1)]
+        if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
+            return _env_name(name)
+        param = next((p for p in ctx.command.params if p.name == name), None)
+        return param.opts[0] if param is not None and param.opts else m.group(1)
+
+    return _FIELD.sub(option, message)
+
+
 @click.command(
     "gateway",
     cls=_GatewayCommand,
@@ -183,9 +228,28 @@ def _env_name(param_name: str) -> str:
     "--upstream", default="http://127.0.0.1:8000", show_default=True, help="Engine root URL."
 )
 @click.option("--secondary-upstream", default=None, help="Where batch goes instead of a 429.")
-@click.option("--default-class", type=click.Choice(CLASSES), default="chat", show_default=True)
-@click.option("--batch-allowance", type=int, default=8, show_default=True)
-@click.option("--batch-ceiling", type=int, default=64, show_default=True)
+@click.option(
+    "--default-class",
+    type=click.Choice(CLASSES),
+    default="chat",
+    show_default=True,
+    help="The class of a request with neither an X-Traffic-Class header nor a known key.",
+)
+@click.option(
+    "--batch-allowance",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Batch requests let run at once until the watchdog sets it, and again once its "
+    "lease runs out.",
+)
+@click.option(
+    "--batch-ceiling",
+    type=int,
+    default=64,
+    show_default=True,
+    help="The most batch requests a control write may allow.",
+)
 @click.option(
     "--max-queue-wait",
     default="30s",
@@ -194,7 +258,13 @@ def _env_name(param_name: str) -> str:
     help="How long a batch request waits for room before a 429 (the ramp's pacing does "
     "not count), e.g. 30s, 2m.",
 )
-@click.option("--max-queued", type=int, default=1024, show_default=True)
+@click.option(
+    "--max-queued",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Batch requests waiting for room at most; one more gets 429 at once.",
+)
 @click.option(
     "--batch-ramp",
     type=float,
@@ -309,7 +379,11 @@ def _env_name(param_name: str) -> str:
     "reports, and --engine-slots auto reads, where the engine's process cannot be read.",
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="What the gateway logs (to stderr: the journal under systemd).",
 )
 def gateway(
     listen: str,
@@ -386,9 +460,10 @@ def gateway(
         from_env = any(
             ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT for name in ctx.params
         )
+        said = _name_options(str(exc), ctx)
         if from_env:  # gateway.env under systemd: a config error, not a typo on a command line
-            raise _ConfigFail(f"{exc} (options from LLM_WATCHDOG_GATEWAY_* variables)") from None
-        raise click.UsageError(str(exc)) from None
+            raise _ConfigFail(f"{said} (options from LLM_WATCHDOG_GATEWAY_* variables)") from None
+        raise click.UsageError(said) from None
     setup_logging(log_level)
 
     def reload(current: GatewayConfig) -> GatewayConfig | None:
