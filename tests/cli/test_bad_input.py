@@ -50,6 +50,8 @@ BAD_ARGUMENTS = [
     ("bench", "list", "--bogus"),
     ("headroom", "--bogus"),
     ("report", "--bogus"),
+    ("report", "--instance", "box:9101", "--out", "x.png"),
+    ("baseline", "capture", "--from-history", "abc"),
     ("demo", "--time-scale", "0"),
     ("demo", "--duration", "0s"),
     ("demo", "--duration", "9s"),
@@ -112,6 +114,19 @@ def test_a_group_given_no_command_prints_its_help_as_help(args: tuple[str, ...])
 def test_every_command_is_in_the_bad_argument_table() -> None:
     named = {a[: len(c)] for a in BAD_ARGUMENTS for c in commands(cli) if a[: len(c)] == c}
     assert set(commands(cli)) <= named
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("baseline", "capture", "--from-history", "abc"), "Invalid value for --from-history: "),
+        (("baseline", "capture", "--for", "abc"), "Invalid value for --for: "),
+        (("report", "--instance", "b:1", "--out", "x.png"), "--instance picks a box from Prom"),
+    ],
+)
+def test_a_bad_value_names_its_option(config: Path, args: tuple[str, ...], words: str) -> None:
+    out = invoke(config, *args)
+    assert out.exit_code == 2 and words in one_line(out.output), out.output
 
 
 def test_a_time_far_out_of_range_names_what_to_give(config: Path) -> None:

@@ -162,7 +162,8 @@ def baseline_capture(ctx: click.Context, duration: str, from_history: str | None
     try:
         seconds = parse_duration(from_history or duration)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        option = "--from-history" if from_history else "--for"
+        raise click.BadParameter(str(exc), param_hint=option) from None
     make_folder(settings)
     if not from_history:
         # A server that is not up would be probed, and fail, for the whole --for (30 min by

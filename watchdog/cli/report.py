@@ -56,6 +56,9 @@ def report(
     """Chat TTFT, GPU heat and clocks, batch allowance, drift and control actions as pictures."""
     if out.suffix.lower() not in (".html", ".htm", ".png"):
         raise click.BadParameter("end the file name in .html or .png", param_hint="--out")
+    if instance is not None and not prometheus_url:
+        # A box is chosen among Prometheus's; the local database is one box already.
+        raise click.UsageError("--instance picks a box from Prometheus: add --prometheus URL")
     now = time.time()
     since_ts, until_at = window_args(since, until, now)
     until_ts = until_at if until_at is not None else now
