@@ -391,3 +391,9 @@ def test_a_sweep_cell_from_too_few_windows_is_marked_and_never_contradicts_the_a
     above = [warm for n, warm in rows if n > 8]
     assert above and all(w.startswith("(") and w.endswith(")") for w in above), rows
     assert any("in brackets: from fewer than 5 windows" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_duration_past_a_week_is_refused_at_once(command: str) -> None:
+    code, out = invoke(command, "-s", "workstation", "--duration", "1000d")
+    assert code == 2 and "1000d is longer than the lab runs (7d" in out, out
