@@ -40,8 +40,8 @@ def test_every_follow_up_that_judges_chat_names_the_demos_target(tmp_path):
     assert report[:2] == ["llm-watchdog", "report"]
     assert report[report.index("--target") + 1] == "400ms"
     assert report[report.index("--db") + 1] == str(tmp_path / "demo.db")
-    assert room[0] == f"LLM_WATCHDOG__STORAGE__PATH={tmp_path / 'demo.db'}"
-    assert room[1:3] == ["llm-watchdog", "headroom"]
+    assert room[:2] == ["llm-watchdog", "headroom"]
+    assert room[room.index("--db") + 1] == str(tmp_path / "demo.db")
     assert room[room.index("--target") + 1] == "400ms"
     # The target comes from the run, not from the demo scenario's number written down.
     other = summary(ran(tmp_path, 250.0), command="llm-watchdog")
@@ -52,11 +52,13 @@ def test_the_headroom_follow_up_runs_as_printed_against_the_demos_target(tmp_pat
     result = ran(tmp_path)
     with Store(result.db_path) as store:
         store.record_probe(result.probes[0][1], None)
-    env_arg, _, *args = command_line(summary(result), "headroom")
-    name, value = env_arg.split("=", 1)
-    out = CliRunner().invoke(cli, ["--config", os.devnull, *args], env={name: value}, obj={})
+    _, *args = command_line(summary(result), "headroom")
+    out = CliRunner().invoke(cli, ["--config", os.devnull, *args], env={}, obj={})
     assert out.exit_code == 0, out.output
     assert "chat p95 TTFT target 400 ms" in out.output
+    _, *args = command_line(summary(result), "look closer")
+    out = CliRunner().invoke(cli, ["--config", os.devnull, *args], env={}, obj={})
+    assert out.exit_code == 0 and "no database" not in out.output, out.output
     report = command_line(summary(result), "draw it")[2:]
     assert report[report.index("--since") + 1].startswith(time.strftime("%Y-"))
     # The report ends where the run did, however long after it is pasted.
@@ -71,7 +73,8 @@ def test_the_headroom_follow_up_runs_as_printed_against_the_demos_target(tmp_pat
 
 def test_a_run_with_no_probes_offers_only_what_reads_without_them(tmp_path):
     lines = summary(DemoResult(db_path=tmp_path / "demo.db", target_p95_ms=400.0))
-    assert command_line(lines, "look closer")[1:] == ["llm-watchdog", "drift"]
+    look = command_line(lines, "look closer")
+    assert look == ["llm-watchdog", "drift", "--db", str(tmp_path / "demo.db")]
     assert not [x for x in lines if "report" in x or "--target" in x]
 
 

@@ -469,8 +469,7 @@ def follow_ups(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
     target: without it they judge against the config's default (2 s), under which the
     demo's slow windows (about 500 ms against a 400 ms SLO) count as met."""
     db = shlex.quote(str(result.db_path))
-    env = f"LLM_WATCHDOG__STORAGE__PATH={db}"
-    lines = [f"  look closer      {env} {command} drift"]
+    lines = [f"  look closer      {command} drift --db {db}"]
     if not result.probes or result.started_at <= 0:
         return lines
     # From the run's second 0, in local time: the command reads the same run however long
@@ -485,7 +484,7 @@ def follow_ups(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
         f"  draw it          {command} report --db {db} --since {since} --until {until}"
         f"{target} --out demo.html"
     )
-    lines.append(f"  headroom         {env} {command} headroom --since {since}{target}")
+    lines.append(f"  headroom         {command} headroom --db {db} --since {since}{target}")
     return lines
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import click
@@ -222,3 +223,29 @@ def test_a_server_that_takes_the_connection_and_never_answers_is_not_called_unre
     assert out.exit_code == 1
     line = one_line(out.output)
     assert "cannot reach" not in line and "no answer from" in line and "hung or still" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("drift",),
+        ("history", "--resolution", "raw"),
+        ("headroom",),
+        ("baseline", "show"),
+        ("alerts",),
+    ],
+    ids=" ".join,
+)
+def test_every_reading_command_takes_db_over_the_configs_database(
+    config: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    other = tmp_path / "copied from another box.db"
+    with Store(other) as store:
+        store.record_probe(probe_result(ts=time.time() - 30, prompt_id="from-the-copy"), None)
+    out = invoke(config, *args, "--db", str(other))
+    assert out.exit_code == 0, out.output
+    if args[0] in ("status", "history"):
+        assert "from-the-copy" in out.output
+    missing = invoke(config, *args, "--db", str(tmp_path / "nope.db"))
+    assert missing.exit_code == 1 and f"no database at {tmp_path / 'nope.db'}" in missing.output

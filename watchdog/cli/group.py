@@ -6,10 +6,11 @@ Every error is one line on stderr that says what to do next.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,32 @@ def settings_from(ctx: click.Context) -> Settings:
     obj = ctx.ensure_object(dict)
     if "settings" not in obj:
         try:
-            obj["settings"] = load_settings(obj.get("config_path"))
+            settings = load_settings(obj.get("config_path"))
         except ConfigError as exc:
             raise ConfigFail(str(exc)) from None
+        if obj.get("db"):  # --db: this database, whatever the config names
+            storage = dataclasses.replace(settings.storage, path=obj["db"])
+            settings = dataclasses.replace(settings, storage=storage)
+        obj["settings"] = settings
     return obj["settings"]
+
+
+def _take_db(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(dict)["db"] = value
+        ctx.find_root().ensure_object(dict).pop("settings", None)  # read again, with it
+
+
+def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--db FILE` on a command that reads the store: another database than the config's
+    storage.path (a demo's, a copy from another box), as `report --db` and `bench --db`."""
+    return click.option(
+        "--db",
+        type=click.Path(dir_okay=False),
+        expose_value=False,
+        callback=_take_db,
+        help="Database file (default: storage.path of the config).",
+    )(fn)
 
 
 def when_arg(text: str | None, now: float, option: str = "--since") -> float | None:
@@ -94,7 +117,7 @@ def open_store(
     if must_exist and not exists:
         raise Fail(
             f"no database at {path}: start the daemon (`llm-watchdog run`) first, "
-            "or point --config / storage.path at the right file"
+            "or give the right file with --db (or --config / storage.path)"
         )
     try:
         return Store(path, read_only=read_only, exclusive=exclusive)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from llm_watchdog.cli.group import cli, open_store, settings_from, when_arg
+from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, when_arg
 from llm_watchdog.control.headroom import (
     StateRow,
     describe,
@@ -93,6 +93,7 @@ def status_line(store: Store, target_ms: float, now_ts: float) -> tuple[str, dic
 
 
 @cli.command()
+@db_option
 @click.option(
     "--since",
     default=DEFAULT_SINCE,

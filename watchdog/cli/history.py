@@ -10,6 +10,7 @@ import click
 
 from llm_watchdog.cli.group import (
     cli,
+    db_option,
     open_store,
     settings_from,
     when_arg,
@@ -30,6 +31,7 @@ from llm_watchdog.store.records import active_baseline, events
 
 
 @cli.command()
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="Print as one JSON object.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
@@ -158,6 +160,7 @@ BUCKET_COLUMNS = [
 
 
 @cli.command()
+@db_option
 @click.option(
     "--since",
     default="24h",

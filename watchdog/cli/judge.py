@@ -20,6 +20,7 @@ from llm_watchdog.cli.group import (
     ConfigFail,
     Fail,
     cli,
+    db_option,
     make_folder,
     open_store,
     reach_server,
@@ -51,6 +52,7 @@ DRIFT_COLUMNS = ["start", "end", "kind", "cause", "baseline_p95_ms", "peak_p95_m
 
 
 @cli.command()
+@db_option
 @click.option("--since", default="7d", show_default=True, help="A duration back or an ISO date.")
 @click.option("--until", help="End (default now).")
 @click.option("--open", "only_open", is_flag=True, help="Only events still open.")
@@ -113,6 +115,7 @@ BASELINE_COLUMNS = [
 
 
 @baseline.command("show")
+@db_option
 @click.option("--all", "show_all", is_flag=True, help="Include retired baselines.")
 @listing_options
 @click.pass_context
@@ -129,6 +132,7 @@ def baseline_show(ctx: click.Context, show_all: bool, fmt: str) -> None:
 
 
 @baseline.command("reset")
+@db_option
 @click.option("--fingerprint", help="Only this fingerprint's baseline (default: all).")
 @click.pass_context
 def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
@@ -141,6 +145,7 @@ def baseline_reset(ctx: click.Context, fingerprint: str | None) -> None:
 
 
 @baseline.command("capture")
+@db_option
 @click.option(
     "--for",
     "duration",
@@ -407,6 +412,7 @@ ALERT_COLUMNS = [
 
 
 @cli.group(invoke_without_command=True)
+@db_option
 @click.option("--since", default="7d", show_default=True, help="A duration back or an ISO date.")
 @click.option("--failed", is_flag=True, help="Only deliveries that failed.")
 @listing_options
