@@ -312,3 +312,21 @@ def test_printed_secrets_are_said_to_be_masked(tmp_path):
     plain = tmp_path / "plain.toml"
     plain.write_text("")
     assert "secrets are shown" not in check_config(plain).output
+
+
+@pytest.mark.parametrize(
+    ("probe", "ok"),
+    [
+        ('jitter = "1h"', False),
+        ('interval = "2s"\njitter = "3s"', False),
+        ('interval = "1s"', True),  # with the default jitter of 1s
+        ('total_timeout = "1s"', True),  # it bounds the others: no order asked of them
+    ],
+)
+def test_a_jitter_longer_than_the_interval_is_refused(tmp_path, probe, ok):
+    path = tmp_path / "config.toml"
+    path.write_text(f"[probe]\n{probe}\n")
+    result = check_config(path)
+    assert result.exit_code == (0 if ok else 78), result.output
+    if not ok:
+        assert "[probe] jitter (" in result.output and "must be at most interval (" in result.output

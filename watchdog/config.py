@@ -98,6 +98,16 @@ class ProbeSettings:
     seed: int = ProbeOptions.seed
     fingerprint_interval_s: float = _duration("1m", minimum_s=1)
 
+    def __post_init__(self) -> None:
+        # The timeouts need no order: total_timeout bounds the probe whatever the others say.
+        d = format_duration
+        if self.jitter_s > self.interval_s:
+            raise ValueError(
+                f"jitter ({d(self.jitter_s)}) must be at most interval ({d(self.interval_s)}): "
+                "each probe waits up to the jitter past its turn, and a longer one leaves the "
+                "interval meaning nothing"
+            )
+
 
 @dataclass(frozen=True)
 class GpuSettings:

@@ -33,6 +33,7 @@ from bench_gateway import gateway_process  # noqa: E402
 from llm_watchdog.alerts import AlertManager, LogSink  # noqa: E402
 from llm_watchdog.config import settings_from_dict  # noqa: E402
 from llm_watchdog.daemon.service import Daemon  # noqa: E402
+from llm_watchdog.durations import parse_duration  # noqa: E402
 from llm_watchdog.store.db import Store  # noqa: E402
 from tests.helpers.fakenvml import scenario_basic  # noqa: E402
 
@@ -75,7 +76,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         config: dict = {
             "server": {"url": url},
-            "probe": {"interval": args.interval, "jitter": "1s"},
+            # A tenth of the interval: the config wants the jitter under it.
+            "probe": {"interval": args.interval, "jitter": parse_duration(args.interval) / 10},
             "gpu": {"interval": "1s"},
             "storage": {"path": f"{tmp}/wd.db"},
         }
