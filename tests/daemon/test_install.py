@@ -131,6 +131,8 @@ def test_install_refuses_an_interpreter_the_service_cannot_run(monkeypatch):
     assert len(result.output.strip().splitlines()) == 1
     dry = CliRunner().invoke(cli, ["install", "--gateway", "--dry-run"])
     assert dry.exit_code == 0 and "warning: the service could not run" in dry.output
+    (warning,) = [line for line in dry.output.splitlines() if "warning:" in line]
+    assert "install into a folder it can read, e.g. sudo python3 -m venv /opt/" in warning
     assert "gateway.env: settings to edit" in dry.output
 
 

@@ -213,14 +213,16 @@ def install(user_unit: bool, with_gateway: bool, no_start: bool, dry_run: bool, 
     """Install the systemd service (and a config to edit, if there is none) and start it."""
     rooted = Path(root).resolve() != Path("/")
     why = service_cannot_run(sys.executable, Path(llm_watchdog.__file__).parent, user_unit)
+    hint = "" if user_unit else ", or use `install --user`"
+    where = f"install into a folder it can read, e.g. {VENV_HINT}{hint}"
     if why and not (dry_run or rooted):
-        hint = "" if user_unit else ", or use `install --user`"
-        raise Fail(
-            f"the service could not run {sys.executable}: {why}; install into a folder it "
-            f"can read, e.g. {VENV_HINT}{hint}"
-        )
+        raise Fail(f"the service could not run {sys.executable}: {why}; {where}")
     if why:  # another root, or only printing: the unit may run elsewhere
-        click.echo(f"warning: the service could not run {sys.executable} here: {why}", err=True)
+        click.echo(
+            f"llm-watchdog: warning: the service could not run {sys.executable} here: {why}; "
+            f"{where}",
+            err=True,
+        )
     plan = plan_install(
         Path(root), user=user_unit, start=not (no_start or rooted), gateway=with_gateway
     )
