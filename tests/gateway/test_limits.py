@@ -259,6 +259,58 @@ def test_a_body_declared_past_the_total_budget_is_503_until_another_is_done(
     wait_for(lambda: held_body_bytes(gw) == 0, what="nothing held")
 
 
+def test_the_budget_holds_on_the_asgi_path_too(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer]
+) -> None:
+    # HTTP/1.0 (and Expect: 100-continue) is left to the ASGI cycle and proxy.py: bodies
+    # there were bounded by --max-body alone.
+    gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
+    raw = padded_body(30_000)
+    head = post_head(len(raw)).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n")
+    with raw_connection(gw) as holding:
+        holding.sendall(head + raw[:100])
+        wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")
+        with raw_connection(gw) as refused:
+            refused.sendall(head + raw)
+            answer, body = read_answer(refused)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in answer
+        assert json.loads(body)["error"] == {
+            "message": BUDGET_FULL,
+            "type": "gateway_error",
+            "param": None,
+            "code": "body_budget_full",
+        }
+        assert engine.count() == 0
+        # A client that waits for 100 Continue before its body gets the 503 instead.
+        expecting = post_head(len(raw)).replace(b"\r\n\r\n", b"\r\nexpect: 100-continue\r\n\r\n")
+        with raw_connection(gw) as asking:
+            asking.sendall(expecting)
+            answer, body = read_answer(asking)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert json.loads(body)["error"]["code"] == "body_budget_full"
+        holding.sendall(raw[100:])
+        assert read_answer(holding)[0].startswith(b"HTTP/1.1 200 ")
+    wait_for(lambda: held_body_bytes(gw) == 0, what="the body upstream, its bytes back")
+    with raw_connection(gw) as again:
+        again.sendall(head + raw)
+        assert read_answer(again)[0].startswith(b"HTTP/1.1 200 ")
+    wait_for(lambda: held_body_bytes(gw) == 0, what="nothing held")
+    assert engine.count(path=CHAT_URL) == 2
+
+
+def test_a_client_that_leaves_mid_body_on_the_asgi_path_gives_its_bytes_back(
+    engine: FakeEngine, make_gateway: Callable[..., GatewayServer]
+) -> None:
+    gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
+    raw = padded_body(30_000)
+    head = post_head(len(raw)).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n")
+    with raw_connection(gw) as leaving:
+        leaving.sendall(head + raw[:100])
+        wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")
+    wait_for(lambda: held_body_bytes(gw) == 0, what="the bytes back with the connection")
+    assert engine.count() == 0
+
+
 def test_a_chunked_body_growing_past_the_budget_is_503_and_a_closed_connection_gives_back(
     engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
 ) -> None:

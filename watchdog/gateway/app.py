@@ -110,6 +110,18 @@ class Gateway:
         self.primary: Upstream
         self.secondary: Upstream | None = None
 
+    def hold_body(self, more: int) -> bool:
+        """Take `more` bytes of request body into the budget; False, taking none, when they
+        would go past max_body_total_bytes."""
+        if self.body_bytes + more > self.config.max_body_total_bytes:
+            return False
+        self.body_bytes += more
+        return True
+
+    def let_body_go(self, n: int) -> None:
+        """`n` bytes held are upstream now, or dropped: back to the budget."""
+        self.body_bytes -= n
+
     @property
     def slot_line(self) -> int | None:
         """Batch and chat in flight together under which batch is let in (None: no line)."""

@@ -33,6 +33,7 @@ from llm_watchdog.gateway.proxy import (
     STREAM_TYPES,
     BodyError,
     ClassError,
+    budget_full,
     classify,
     declared_length,
     error_body,
@@ -234,30 +235,21 @@ class Exchange:
         more = want - self.held
         if more <= 0:
             return True
-        gw = self.gw
-        if gw.body_bytes + more > gw.config.max_body_total_bytes:
+        if not self.gw.hold_body(more):
             self._let_go()  # what it held goes back: its body is dropped
             return False
-        gw.body_bytes += more
         self.held = want
         return True
 
     def _let_go(self) -> None:
         """The body is upstream, or dropped: its bytes go back to the budget."""
         if self.held:
-            self.gw.body_bytes -= self.held
+            self.gw.let_body_go(self.held)
             self.held = 0
 
     def _over_budget(self) -> None:
-        limit = self.gw.config.max_body_total_bytes
-        self._answer(
-            503,
-            f"the gateway holds its limit of {limit} bytes of request bodies being received: "
-            "retry in a moment, or raise --max-body-total",
-            "gateway_error",
-            "body_budget_full",
-            [(b"retry-after", b"1")],
-        )
+        message = budget_full(self.gw.config.max_body_total_bytes)
+        self._answer(503, message, "gateway_error", "body_budget_full", [(b"retry-after", b"1")])
 
     # -- admission and the engine --------------------------------------------------------
 

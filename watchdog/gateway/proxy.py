@@ -260,19 +260,40 @@ class Proxy:
             await send_error(send, 400, str(exc), "invalid_request_error", "unknown_traffic_class")
             return
         limit = gw.config.max_body_bytes
-        if declared_length(scope["headers"]) > limit:
-            await send_error(
-                send, 413, too_large(limit), "invalid_request_error", "body_too_large"
-            )
+        declared = declared_length(scope["headers"])
+        if declared > limit:
+            await send_error(send, 413, too_large(limit), "invalid_request_error", "body_too_large")
             return
-        body = await _read_body(receive, limit)
-        if body is None:
-            return  # the client left while sending its request
-        if body is _TOO_LARGE:
-            await send_error(
-                send, 413, too_large(limit), "invalid_request_error", "body_too_large"
-            )
-            return
+        # Under --max-body-total as on the direct path: the declared length from the
+        # headers on, a chunked body's size as it grows, until the body is upstream.
+        hold = BodyHold(gw)
+        try:
+            body = await _read_body(receive, limit, hold, declared)
+            if body is None:
+                return  # the client left while sending its request
+            if body is _TOO_LARGE:
+                await send_error(
+                    send, 413, too_large(limit), "invalid_request_error", "body_too_large"
+                )
+                return
+            if body is _OVER_BUDGET:
+                await send_error(
+                    send,
+                    503,
+                    budget_full(gw.config.max_body_total_bytes),
+                    "gateway_error",
+                    "body_budget_full",
+                    [(b"retry-after", b"1")],
+                )
+                return
+            await self._serve(scope, receive, send, cls, body, hold)
+        finally:
+            hold.release()
+
+    async def _serve(
+        self, scope: Scope, receive: Any, send: Any, cls: str, body: bytes, hold: BodyHold
+    ) -> None:
+        gw = self.gw
         stats = gw.observer[cls]
         stats.requests += 1
         progress = Progress()
@@ -306,7 +327,7 @@ class Proxy:
 
             watch.add_done_callback(on_watch_done)
         try:
-            await self._handle(scope, send, cls, body, progress, held)
+            await self._handle(scope, send, cls, body, progress, held, hold)
         except asyncio.CancelledError:
             if not left and not held.preempted:
                 raise  # the server is shutting down past its grace time
@@ -329,7 +350,14 @@ class Proxy:
                 watch.cancel()
 
     async def _handle(
-        self, scope: Scope, send: Any, cls: str, body: bytes, progress: Progress, held: Held
+        self,
+        scope: Scope,
+        send: Any,
+        cls: str,
+        body: bytes,
+        progress: Progress,
+        held: Held,
+        hold: BodyHold,
     ) -> None:
         gw = self.gw
         stats = gw.observer[cls]
@@ -360,7 +388,7 @@ class Proxy:
                     return
                 upstream = gw.secondary
         try:
-            result = await self._forward(scope, send, cls, body, upstream, progress)
+            result = await self._forward(scope, send, cls, body, upstream, progress, hold)
         finally:
             if admitted:
                 gate.release(held)  # nothing if pre-empted: the gate took its place then
@@ -395,6 +423,7 @@ class Proxy:
         body: bytes,
         upstream: Upstream,
         progress: Progress,
+        hold: BodyHold,
     ) -> str:
         """Send upstream and relay the answer; returns the outcome to count."""
         gw = self.gw
@@ -408,9 +437,11 @@ class Proxy:
                 scope["method"], target, forward_headers(scope["headers"]), body
             )
         except UpstreamError as exc:
+            hold.release()
             log.warning("%s request %s %s: %s", cls, scope["method"], scope["path"], exc.message)
             await send_error(send, exc.status, exc.message, "upstream_error", "upstream_failed")
             return "upstream_error"
+        hold.release()  # the body is the engine's now
         try:
             status = response.status
             headers = relay_headers(response.headers)  # names are lower-case already
@@ -443,7 +474,39 @@ class Proxy:
         return "ok" if status < 400 else "upstream_status"
 
 
-_TOO_LARGE = b"\0too large"  # a sentinel: compared by identity
+_TOO_LARGE = b"\0too large"  # sentinels: compared by identity
+_OVER_BUDGET = b"\0over budget"
+
+
+def budget_full(limit: int) -> str:
+    return (
+        f"the gateway holds its limit of {limit} bytes of request bodies being received: "
+        "retry in a moment, or raise --max-body-total"
+    )
+
+
+class BodyHold:
+    """One request's bytes in the gateway's body budget (Gateway.hold_body)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.held = 0
+
+    def take(self, want: int) -> bool:
+        """Hold `want` bytes in all; False, letting go of what it held, past the budget."""
+        more = want - self.held
+        if more <= 0:
+            return True
+        if not self.gw.hold_body(more):
+            self.release()
+            return False
+        self.held = want
+        return True
+
+    def release(self) -> None:
+        if self.held:
+            self.gw.let_body_go(self.held)
+            self.held = 0
 
 
 def too_large(limit: int) -> str:
@@ -463,17 +526,24 @@ def declared_length(headers: list[tuple[bytes, bytes]]) -> int:
     return 0
 
 
-async def _read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole body; None if the client left; _TOO_LARGE past `limit` bytes."""
+async def _read_body(receive: Any, limit: int, hold: BodyHold, declared: int = 0) -> bytes | None:
+    """The whole body; None if the client left; _TOO_LARGE past `limit` bytes; _OVER_BUDGET
+    when holding it would go past the gateway's body budget."""
+    if declared and not hold.take(declared):
+        return _OVER_BUDGET
     message = await receive()
     if message["type"] == "http.disconnect":
         return None
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
-        return body if len(body) <= limit else _TOO_LARGE
+        if len(body) > limit:
+            return _TOO_LARGE
+        return body if hold.take(len(body)) else _OVER_BUDGET
     parts = [body]
     size = len(body)
     while True:
+        if not hold.take(size):
+            return _OVER_BUDGET
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
@@ -483,7 +553,7 @@ async def _read_body(receive: Any, limit: int) -> bytes | None:
             return _TOO_LARGE
         parts.append(part)
         if not message.get("more_body", False):
-            return b"".join(parts)
+            return b"".join(parts) if hold.take(size) else _OVER_BUDGET
 
 
 async def _until_disconnect(receive: Any) -> None:
