@@ -580,6 +580,18 @@ def test_on_a_small_engine_the_slot_margin_is_an_eighth_of_it() -> None:
     assert a.reason == "cut 6 → 5: chat holds 2 of the engine's 8 slots"
 
 
+def test_on_a_four_slot_engine_one_slot_is_kept_for_chat() -> None:
+    # An eighth of 4 is none: batch filled all four and chat waited behind it.
+    c = ours(default_allowance=3, engine_slots=4, app_limited_headroom=0)
+    for now in range(0, 60):
+        a = c.step(ControlInput(float(now), (200.0,), chat_inflight=0, batch_inflight=3))
+        assert a.kind != "cut", a.reason  # 3 fits 4 − 1
+    a = c.step(ControlInput(60.0, (200.0,), chat_inflight=1, batch_inflight=3))
+    # To 4 − 1 kept − 1 chat = 2, from wherever growth had taken it.
+    assert a.kind == "cut" and a.allowance_after == 2, a.reason
+    assert a.reason.endswith("→ 2: chat holds 1 of the engine's 4 slots"), a.reason
+
+
 def test_a_shed_for_load_leaves_the_frozen_ceiling_where_heat_put_it() -> None:
     c = ours(default_allowance=12, ceiling=12, app_limited_headroom=0)
     hot = GpuState(SW_THERMAL_SLOWDOWN, 1500.0, MAX_MHZ)

@@ -296,12 +296,22 @@ def test_a_waiter_the_ramp_holds_is_not_turned_away_at_max_queue_wait() -> None:
 
 
 @pytest.mark.parametrize(
-    ("slots", "line"), [(0, None), (1, 1), (4, 4), (8, 7), (16, 14), (64, 60), (256, 252)]
+    ("slots", "line"),
+    [(0, None), (1, 1), (2, 1), (4, 3), (7, 6), (8, 7), (16, 14), (64, 60), (256, 252)],
 )
-def test_the_slot_line_keeps_at_most_an_eighth_of_the_slots_and_at_most_four(
+def test_the_slot_line_keeps_an_eighth_of_the_slots_at_least_one_and_at_most_four(
     slots: int, line: int | None
 ) -> None:
+    # A 4-slot llama.cpp server kept none for chat: batch took all four.
     assert GatewayConfig(engine_slots=slots).slot_line == line
+
+
+def test_the_law_and_the_gateway_keep_the_same_slots_for_chat() -> None:
+    from llm_watchdog.control.law import ControlConfig
+
+    for slots in range(1, 300):
+        law = ControlConfig(target_p95_ms=1000.0, engine_slots=slots).slot_line
+        assert law == GatewayConfig(engine_slots=slots).slot_line, slots
 
 
 def test_batch_waits_under_the_slot_line_and_a_chat_release_lets_it_in() -> None:

@@ -577,8 +577,8 @@ def test_a_job_the_idle_ramp_paces_is_not_turned_away_but_one_over_its_allowance
 def test_batch_is_held_under_the_engine_slots_chat_holds_and_let_in_as_chat_finishes(
     engine: FakeEngine, make_gateway: Callable[..., GatewayServer], http: httpx.Client
 ) -> None:
-    # Two slots, none kept free (an eighth of 2 is 0): one chat and one batch fill them.
-    gw = make_gateway(engine_slots=2, batch_default_allowance=4, batch_ramp_per_s=0)
+    # Three slots, one kept free for chat: one chat and one batch reach the line of 2.
+    gw = make_gateway(engine_slots=3, batch_default_allowance=4, batch_ramp_per_s=0)
     chat_headers = {"X-Traffic-Class": "chat", "X-Test-Hold": "c"}
     chat = Background(http, gw.url + CHAT_URL, chat_headers, chat_body())
     batch = Background(http, gw.url + CHAT_URL, batch_headers("b"), chat_body())

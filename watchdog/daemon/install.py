@@ -35,7 +35,7 @@ LLM_WATCHDOG_GATEWAY_MAX_QUEUE_WAIT=30s
 # Batch requests let in per second after a raise (0: all at once).
 LLM_WATCHDOG_GATEWAY_BATCH_RAMP=0.5
 # The engine's slots (vLLM --max-num-seqs, llama.cpp --parallel): batch is held under them
-# less min(4, slots/8), so chat finds one free. auto: as the engine says (llama.cpp's /props,
+# less an eighth (1 to 4), so chat finds one free. auto: as the engine says (llama.cpp's /props,
 # SGLang's /get_server_info; vLLM's --max-num-seqs from LLM_WATCHDOG_GATEWAY_ENGINE_UNIT,
 # its systemd unit), no line where it says nothing; a number; 0: no line.
 LLM_WATCHDOG_GATEWAY_ENGINE_SLOTS=auto

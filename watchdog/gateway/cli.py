@@ -292,7 +292,7 @@ def _name_options(message: str, ctx: click.Context) -> str:
     default="auto",
     show_default=True,
     help="Sequences the engine runs at once (max_num_seqs, --parallel): batch is let in "
-    "only while batch + chat in flight stay under them less min(4, slots/8). auto: as "
+    "only while batch + chat in flight stay under them less an eighth (1 to 4). auto: as "
     "llama.cpp's /props or SGLang's /get_server_info say, else the engine's command line "
     "(vLLM's --max-num-seqs; see --engine-unit); no line where neither says. 0: off.",
 )

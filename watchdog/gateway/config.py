@@ -68,8 +68,9 @@ class GatewayConfig:
     # Sequences the engine runs at once (vLLM's max_num_seqs, llama.cpp's --parallel); 0:
     # not known, no slot line; ENGINE_SLOTS_AUTO: asked of the engine while the gateway runs.
     # Known, batch is let in only while batch and chat in flight stay under the slots less
-    # min(4, slots/8): a chat request that arrives finds a slot free instead of waiting
-    # behind batch requests that hold theirs for minutes.
+    # an eighth of them, at least 1 and at most 4 (`slots_kept`): a chat request that
+    # arrives finds a slot free instead of waiting behind batch requests that hold theirs
+    # for minutes.
     engine_slots: int = 0
     # Class -> priority with vLLM's meaning (lower runs first). Empty: nothing injected.
     priorities: Mapping[str, int] = field(default_factory=dict)
@@ -210,7 +211,17 @@ def slot_line(engine_slots: int) -> int | None:
     heat lab's gateway draws it the same way."""
     if engine_slots <= 0:
         return None
-    return engine_slots - min(SLOTS_KEPT_FOR_CHAT, engine_slots // 8)
+    return engine_slots - slots_kept(engine_slots)
+
+
+def slots_kept(engine_slots: int, most: int = SLOTS_KEPT_FOR_CHAT) -> int:
+    """The slots a line keeps free for chat: an eighth of them, at least one and at most
+    `most`. An eighth alone kept none under 8 slots (a 4-slot llama.cpp server let batch
+    take all four), and four would be half of an 8-slot one. None on a one-slot engine,
+    where keeping its slot would shut batch out. ControlConfig.slot_line keeps as many."""
+    if engine_slots < 2 or most <= 0:
+        return 0
+    return min(most, max(1, engine_slots // 8))
 
 
 def read_token(

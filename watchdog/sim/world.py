@@ -19,7 +19,7 @@ pre-empts (`preempt`, opt-in as the gateway's is): then an allowance lowered und
 flight ends the newest batch requests at once, their tokens are lost, and each stream sends
 its request again after `PREEMPT_RETRY_S`, once there is room. With `hold_slots` the
 gateway holds its slot line (`--engine-slots`): batch is sent only while batch and chat in
-flight stay under the engine's slots less min(4, slots/8), as `GatewayConfig.slot_line`.
+flight stay under the engine's slots less an eighth (1 to 4), as `GatewayConfig.slot_line`.
 """
 
 from __future__ import annotations
