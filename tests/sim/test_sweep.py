@@ -127,9 +127,10 @@ def test_sweep_over_seeds_shows_each_seeds_run_and_says_so() -> None:
 
 
 def test_a_sweep_that_judged_no_window_names_no_allowance(tmp_path: Path) -> None:
-    # Batch and no chat: every run judges 0 windows, and none of them may make an answer.
+    # Chat so rare that none arrives in the run: every run judges 0 windows, and none of
+    # them may make an answer. (No chat at all is refused before any run.)
     path = tmp_path / "no-chat.toml"
-    path.write_text('base = "workstation"\n[traffic.chat]\narrivals_per_s = 0\n', "utf-8")
+    path.write_text('base = "workstation"\n[traffic.chat]\narrivals_per_s = 1e-6\n', "utf-8")
     args = ("sweep", "-s", str(path), "--duration", "4m", "--allowances", "0,40")
     code, out = invoke(*args)
     assert code == 0, out
