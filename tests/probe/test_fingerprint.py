@@ -93,6 +93,11 @@ SETTINGS = {
     "gateway": {"control_token_env": "TOK", "Password": "hunter2", "classes": [{"secret": 1}]},
     "storage": {"path": "/var/lib/w.db"},
     "logging": {"level": "info"},
+    "control": {"enabled": True, "dry_run": False},
+    "alerts": {"sink": []},
+    "drift": {"shift_ratio": 1.3},
+    "api": {"listen": "127.0.0.1:9108"},
+    "gpu": {"interval_s": 1.0},
 }
 
 
@@ -117,6 +122,12 @@ def test_config_hash_is_stable_and_ignores_order() -> None:
         ("gateway", "classes", [{"secret": 2}]),
         ("storage", "path", "/tmp/elsewhere.db"),
         ("logging", "level", "debug"),
+        ("control", "dry_run", True),
+        ("control", "enabled", False),
+        ("alerts", "sink", [{"type": "log"}]),
+        ("drift", "shift_ratio", 1.5),
+        ("api", "listen", "127.0.0.1:9200"),
+        ("gpu", "interval_s", 5.0),
     ],
 )
 def test_config_hash_leaves_out_secrets_and_unrelated_sections(
@@ -129,6 +140,7 @@ def test_config_hash_leaves_out_secrets_and_unrelated_sections(
     "section, key, value",
     [
         ("server", "url", "http://127.0.0.1:8081"),
+        ("server", "model", "other-model"),
         ("probe", "interval_s", 5.0),
         ("probe", "headers", {"X-Token": "abc", "X-Id": "2"}),
     ],
@@ -151,3 +163,18 @@ def test_config_hash_accepts_a_settings_dataclass() -> None:
 
     assert config_hash(Settings()) == config_hash({"probe": {"interval_s": 10.0}})
     assert config_hash(Settings(Probe(api_token="x"))) == config_hash(Settings())
+
+
+def test_a_real_config_change_outside_server_and_probe_keeps_the_fingerprint() -> None:
+    from llm_watchdog.config import settings_from_dict
+
+    plain = settings_from_dict({}, "t").to_dict()
+    for change in (
+        {"control": {"dry_run": True}},
+        {"alerts": {"sink": [{"type": "log"}]}},
+        {"drift": {"baseline_probes": 50}},
+        {"api": {"listen": "127.0.0.1:9999"}},
+    ):
+        assert config_hash(settings_from_dict(change, "t").to_dict()) == config_hash(plain)
+    probe = settings_from_dict({"probe": {"cache_mode": "cached"}}, "t").to_dict()
+    assert config_hash(probe) != config_hash(plain)

@@ -24,9 +24,11 @@ UNKNOWN = "unknown"
 # so the hash can be logged and stored, and rotating a key is not a new fingerprint.
 SECRET_MARKERS = ("key", "token", "secret", "password")
 
-# Sections that cannot change a measured number: moving the database or raising the log
-# level must not throw away a baseline.
-IGNORED_SECTIONS = ("storage", "logging")
+# The sections that shape a canary and its measurement: what it asks of which server, and
+# how. The rest cannot change a measured number: moving the database, raising the log level,
+# a new alert sink, control on or off, a drift setting or the API's port must not throw
+# away a baseline (changing control.dry_run alone relearned it, with no word said).
+MEASURING_SECTIONS = ("server", "probe")
 # Keys that say where the engine's identity is read from, not what it is (the launch command
 # itself is a fingerprint field): adding one must not throw away a baseline either.
 IGNORED_KEYS = (("server", "engine_unit"),)
@@ -153,19 +155,19 @@ def describe_change(old: Mapping[str, Any] | Fingerprint, new: Fingerprint) -> l
     return out
 
 
-def config_hash(settings: Any, ignore: Iterable[str] = IGNORED_SECTIONS) -> str:
+def config_hash(settings: Any, sections: Iterable[str] = MEASURING_SECTIONS) -> str:
     """A stable 16-hex-digit hash of the effective settings (a mapping of sections, or a
-    settings dataclass).
+    settings dataclass) that shape a measurement.
 
-    Keys containing "key", "token", "secret" or "password" (any case, any depth) are left
-    out, and so are the top-level sections in `ignore`. Key order does not matter; values
-    that JSON cannot carry (paths, durations objects) are hashed by their str().
+    Only the top-level `sections` count; keys containing "key", "token", "secret" or
+    "password" (any case, any depth) are left out. Key order does not matter; values that
+    JSON cannot carry (paths, durations objects) are hashed by their str().
     """
     if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
         settings = dataclasses.asdict(settings)
     items: Mapping[str, Any] = settings
-    skip = set(ignore)
-    cleaned = {k: _scrub(v) for k, v in items.items() if k not in skip and not _secret(k)}
+    keep = set(sections)
+    cleaned = {k: _scrub(v) for k, v in items.items() if k in keep and not _secret(k)}
     for section, key in IGNORED_KEYS:
         if isinstance(cleaned.get(section), dict):
             cleaned[section] = {k: v for k, v in cleaned[section].items() if k != key}
