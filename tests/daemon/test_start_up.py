@@ -338,3 +338,26 @@ def test_a_gpu_lost_before_a_restart_resolves_when_it_answers_after_it(db_path):
         run_gpu(fakenvml.scenario_basic(), db_path, store, 3, [sink])
         run_gpu(fakenvml.scenario_basic(), db_path, store, 2, [sink])
     assert telemetry_alerts(sink)[1:] == [("resolved", "telemetry:0", "GPU 0 answers NVML again")]
+
+
+def test_a_restart_on_another_runtime_says_what_changed_and_one_on_the_same_says_nothing(
+    db_path, caplog
+):
+    import dataclasses
+    import logging
+
+    with StreamServer() as srv, Store(db_path) as store:
+        caplog.set_level(logging.WARNING, logger="llm_watchdog")
+        run_daemon(srv.url, db_path, store, 1)
+        run_daemon(srv.url, db_path, store, 1)  # the same runtime: nothing to say
+        assert "runtime changed" not in caplog.text
+        other = settings_for(srv.url, db_path)
+        probe = dataclasses.replace(other.probe, cache_mode="cached")
+        daemon = Daemon(dataclasses.replace(other, probe=probe), store)
+        daemon.startup()
+        try:
+            daemon.probe_once()
+        finally:
+            daemon.shutdown(timeout_s=2)
+    (line,) = [r.getMessage() for r in caplog.records if "runtime changed" in r.getMessage()]
+    assert line.startswith("runtime changed since the last run: config changed: "), line

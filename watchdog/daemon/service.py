@@ -308,6 +308,17 @@ class Daemon:
         if self.fingerprint is not None and fp.id != self.fingerprint.id:
             changes = describe_change(self.fingerprint.key_fields(), fp)
             log.warning("runtime changed: %s", "; ".join(changes) or fp.id)
+        elif self.fingerprint is None:
+            # The last run's runtime, if another: its baseline stays with it, and this one
+            # learns its own; said, so that a relearning after a restart has a reason.
+            last = self.store.latest_fingerprint()
+            if last is not None and last.get("id") != fp.id:
+                changes = describe_change(last, fp)
+                log.warning(
+                    "runtime changed since the last run: %s; its baseline stays with it, "
+                    "this one is learned anew unless it was seen before",
+                    "; ".join(changes) or fp.id,
+                )
         self.fingerprint = fp
         before, self.fingerprint_id = self.fingerprint_id, self.store.record_fingerprint(fp)
         if self.steer is not None and self.fingerprint_id != before:
