@@ -136,6 +136,9 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path, db_path):
                 proc.stderr.close()
     assert proc.returncode == 0, err
     assert stop_s < 6, f"took {stop_s:.1f}s to stop"
+    # The log says why it stopped, and that it did: the last two lines of the run.
+    tail = [line.split(": ", 1)[-1] for line in err.strip().splitlines()[-2:]]
+    assert tail == ["stopping on SIGTERM", "stopped"], err[-600:]
     with Store(db_path) as store:
         rows = store.probes()
         events = store.gpu_events()

@@ -79,6 +79,26 @@ def test_slow_chat_cuts_the_allowance_at_the_gateway_and_the_write_is_verified(t
     assert inputs["latency_only"] is True  # no NVML here: the law runs on latency alone
 
 
+def test_a_stop_with_a_cut_in_force_says_how_long_it_stays(tmp_path, caplog):
+    import logging
+
+    clock = FakeClock(1000.0)
+    cfg = ControlConfig(
+        target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0, lease_s=60.0
+    )
+    with rig(tmp_path) as (gw, store):
+        steer = gateway_steer(cfg, gw.url, TOKEN, store, monotonic=clock, clock=clock)
+        chat_at_4x_the_target(steer, clock)
+        caplog.set_level(logging.INFO, logger="llm_watchdog")
+        steer.close()
+        state = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]
+    (line,) = [r.getMessage() for r in caplog.records if "stopped steering" in r.getMessage()]
+    assert line == (
+        f"stopped steering: the batch allowance stays {state['allowance']} for up to 60 s "
+        "(its lease), then the serving layer's default 8"
+    )
+
+
 def test_a_dry_run_decides_and_records_but_leaves_the_gateway_alone(tmp_path):
     clock = FakeClock(1000.0)
     cfg = ControlConfig(target_p95_ms=100.0, default_allowance=8, ceiling=16, drain_time_s=10.0)

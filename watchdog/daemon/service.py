@@ -131,6 +131,7 @@ class Daemon:
         self.transport = transport
         self.on_probe = on_probe
         self.should_exit = threading.Event()
+        self.stop_signal: int | None = None  # the signal that asked the daemon to stop
         self.probe_set: ProbeSet = load_probe_set(settings.probe.probe_set)
         self.api_key = settings.api_key()
         gpu = settings.gpu
@@ -636,6 +637,7 @@ class Daemon:
 
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: object) -> None:
+            self.stop_signal = signum  # said by shutdown(): no logging in a signal handler
             self.should_exit.set()
 
         def reload(signum: int, frame: object) -> None:
@@ -693,6 +695,8 @@ class Daemon:
         """
         if stopping:
             self.notifier.stopping()
+            why = f" on {signal.Signals(self.stop_signal).name}" if self.stop_signal else ""
+            log.info("stopping%s", why)
         self.heartbeat.stop()
         self.should_exit.set()
         if self.scheduler is not None:
@@ -711,6 +715,8 @@ class Daemon:
         if self.steer is not None:
             self.steer.close()
         self.reader.stop()
+        if stopping:
+            log.info("stopped" if clean else "stopped, a job still running")
         return clean
 
 

@@ -366,6 +366,18 @@ class Steer:
         }
 
     def close(self) -> None:
+        """Stop steering. The last write stays in force until its lease runs out (a restart
+        picks up from it), and then the serving layer goes back to its default: said, so
+        that a cut still in force after a stop is not a mystery."""
+        default = self.config.default_allowance
+        if self._last_write_s is not None and self.allowance not in (None, default):
+            log.info(
+                "stopped steering: the batch allowance stays %s for up to %.0f s (its lease), "
+                "then the serving layer's default %d",
+                self.allowance,
+                self.config.lease_s,
+                default,
+            )
         self.actuator.close()
 
 
