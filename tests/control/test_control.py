@@ -93,7 +93,7 @@ def test_one_cut_per_drain_time() -> None:
     assert c.step(inp(0.0, 1200.0)).allowance_after == 6
     a = c.step(inp(10.0, 1200.0))
     assert (a.kind, a.allowance_after) == ("hold", 6)
-    assert a.reason == "hold 6: p95≈1200 ms over target, the last cut still draining"
+    assert a.reason == "hold 6: p95≈1200 ms over 0.9×T, the last cut still draining"
     assert c.step(inp(20.0, 1200.0)).allowance_after == 4  # floor(6 × 0.75)
 
 
@@ -578,6 +578,18 @@ def test_on_a_small_engine_the_slot_margin_is_an_eighth_of_it() -> None:
         assert a.kind != "cut", a.reason  # 6 + 1 fits 8 − 1
     a = c.step(ControlInput(120.0, (200.0,), chat_inflight=2, batch_inflight=6))
     assert a.reason == "cut 6 → 5: chat holds 2 of the engine's 8 slots"
+
+
+def test_a_halving_of_what_runs_says_so() -> None:
+    # The allowance was 8 with 2 running: "halve 8 → 1" read as half of 8.
+    c = ours(default_allowance=8, app_limited_headroom=0)
+    now = 0.0
+    for _ in range(20):
+        c.step(ControlInput(now, (200.0,), batch_inflight=2))
+        now += 1.0
+    a = c.step(ControlInput(now + 30, (9000.0,), batch_inflight=2))
+    assert a.kind == "halve" and a.allowance_after == 1, a.reason
+    assert a.reason.endswith("; half of the 2 batch running"), a.reason
 
 
 def test_on_a_four_slot_engine_one_slot_is_kept_for_chat() -> None:

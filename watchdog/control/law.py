@@ -684,11 +684,15 @@ class AllowanceController:
                 if inp.failed_canaries
                 else f"a chat TTFT of {worst:.0f} ms is over {c.halve_ratio:g}×T"
             )
+            if running != level:  # the halving is of what runs, not of the allowance
+                why += f"; half of the {running} batch running"
         elif est > c.cut_ratio * t and can_cut:
             factor = max(c.max_cut_factor, c.cut_ratio * t / est)
             kind, after = "cut", max(c.floor, min(level - 1, math.floor(running * factor)))
             latency_cut = True
             why = f"p95≈{est:.0f} ms > {c.cut_ratio:g}×T"
+            if running != level:
+                why += f"; cut from the {running} batch running"
         elif (
             fall is not None
             and fall < c.clock_fall_cut
@@ -733,7 +737,7 @@ class AllowanceController:
             why = (
                 f"p95≈{est:.0f} ms in the dead band"
                 if est <= c.cut_ratio * t
-                else f"p95≈{est:.0f} ms over target, the last cut still draining"
+                else f"p95≈{est:.0f} ms over {c.cut_ratio:g}×T, the last cut still draining"
             )
         elif self.good_streak < c.grow_after_samples:
             why = f"p95≈{est:.0f} ms low for {self.good_streak} sample(s) only"
