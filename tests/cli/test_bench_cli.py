@@ -234,3 +234,22 @@ def test_behind_the_gateway_the_launch_command_is_the_engines_not_the_gateways()
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_level_whose_batch_never_ran_says_so(tmp_path):
+    # Behind a gateway whose allowance a watchdog had cut to 0: every batch request waits out
+    # --queue-cap, and the level's chat figures are of an engine with no batch on it.
+    from llm_watchdog.gateway import GatewayConfig, GatewayServer
+
+    db = tmp_path / "b.db"
+    with (
+        StreamServer(answer="Paris", first_token_delay_s=0.005) as srv,
+        GatewayServer(
+            GatewayConfig(upstream_url=srv.url, listen_port=0, batch_default_allowance=0)
+        ) as gw,
+    ):
+        out = bench(*run_args(gw.url, db, "--queue-cap", "0.2s"))
+    assert out.exit_code == 0, out.output
+    (line,) = [x for x in out.output.splitlines() if "no batch request finished" in x]
+    assert line.startswith("# batch 1: no batch request finished (")
+    assert "waited past --queue-cap" in line and "GET /control" in line

@@ -357,6 +357,8 @@ def _run(
     else:
         click.echo(cold_summary(result.cold_start) if result.cold_start else "", err=True)
     _levels(result.levels, fmt)
+    for line in unloaded_levels(result.levels):
+        click.echo(f"# {line}", err=True)
     for lv in result.levels:
         if lv.get("engine_note"):
             click.echo(f"# batch {lv['batch_streams']}: {lv['engine_note']}", err=True)
@@ -372,6 +374,28 @@ def _run(
         raise error
     if not result.complete:
         raise Fail(f"interrupted: what was measured is stored as run #{run_id}, marked incomplete")
+
+
+def unloaded_levels(levels: list[dict[str, Any]]) -> list[str]:
+    """A warning for each level that asked for batch streams and finished no batch request:
+    its chat figures were measured without the load its row names (behind a gateway whose
+    allowance a watchdog cut to 0, every batch request waits out --queue-cap)."""
+    out = []
+    for lv in levels:
+        streams = lv.get("batch_streams") or 0
+        if streams > 0 and not lv.get("batch_requests_ok"):
+            held = lv.get("batch_queue_cap_hits") or 0
+            refused = lv.get("batch_rejected") or 0
+            why = (
+                f"{held} waited past --queue-cap, {refused} rejected"
+                if held or refused
+                else "none came back"
+            )
+            out.append(
+                f"batch {streams}: no batch request finished ({why}): its chat figures are "
+                "without that load; behind a gateway, see its batch allowance (GET /control)"
+            )
+    return out
 
 
 def _sim_nvml(url: str) -> Any:
