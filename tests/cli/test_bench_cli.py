@@ -64,6 +64,7 @@ def test_a_run_is_stored_listed_shown_and_compared(tmp_path):
     assert second.exit_code == 0, second.output
     assert "cold start: not measured" in first.output
     assert "stored as bench run #1" in first.output
+    assert "no batch request finished" not in first.output  # its batch ran
 
     listed = bench("list", "--db", str(db), "--json")
     assert [r["id"] for r in json_lines(listed.output)] == [2, 1]
