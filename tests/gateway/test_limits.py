@@ -215,6 +215,11 @@ def post_head(length: int | None) -> bytes:
     ).encode()
 
 
+def http10_head(length: int) -> bytes:
+    """A POST head in HTTP/1.0, which the gateway leaves to its ASGI path (proxy.py)."""
+    return post_head(length).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n")
+
+
 def held_body_bytes(gw: GatewayServer) -> int:
     return gw.gateway.body_bytes
 
@@ -266,7 +271,7 @@ def test_the_budget_holds_on_the_asgi_path_too(
     # there were bounded by --max-body alone.
     gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
     raw = padded_body(30_000)
-    head = post_head(len(raw)).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n")
+    head = http10_head(len(raw))
     with raw_connection(gw) as holding:
         holding.sendall(head + raw[:100])
         wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")
@@ -303,7 +308,7 @@ def test_a_client_that_leaves_mid_body_on_the_asgi_path_gives_its_bytes_back(
 ) -> None:
     gw = make_gateway(max_body_bytes=40_000, max_body_total_bytes=60_000)
     raw = padded_body(30_000)
-    head = post_head(len(raw)).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n")
+    head = http10_head(len(raw))
     with raw_connection(gw) as leaving:
         leaving.sendall(head + raw[:100])
         wait_for(lambda: held_body_bytes(gw) == len(raw), what="the declared length held")

@@ -32,6 +32,7 @@ from llm_watchdog.gateway.proxy import (
     DONE,
     STREAM_TYPES,
     BodyError,
+    BodyHold,
     ClassError,
     budget_full,
     classify,
@@ -89,7 +90,7 @@ class Exchange:
         "parts",
         "size",
         "too_big",
-        "held",
+        "hold",
         "over_budget",
         "body",
         "body_done",
@@ -142,7 +143,7 @@ class Exchange:
         self.parts: list[bytes] = []
         self.size = 0
         self.too_big = False
-        self.held = 0  # body bytes counted in the gateway's budget (gw.body_bytes)
+        self.hold = BodyHold(gw)  # body bytes counted in the gateway's budget
         self.over_budget = False
         self.body = b""
         self.body_done = False
@@ -186,10 +187,10 @@ class Exchange:
             if self.turn:
                 self._too_large()
             return
-        if self.size > self.held:
+        if self.size > self.hold.held:
             # The declared length is held at the first bytes (a pipelined request's body
             # comes before its turn), then a chunked body's size as it grows.
-            want = self.size if self.held else max(self.size, declared_length(self.headers))
+            want = self.size if self.hold.held else max(self.size, declared_length(self.headers))
             if not self._hold(want):
                 self.over_budget = True
                 self.parts = []
@@ -231,21 +232,13 @@ class Exchange:
         self._answer(413, message, "invalid_request_error", "body_too_large")
 
     def _hold(self, want: int) -> bool:
-        """Hold `want` bytes of body in the gateway's budget; False if they would go past it."""
-        more = want - self.held
-        if more <= 0:
-            return True
-        if not self.gw.hold_body(more):
-            self._let_go()  # what it held goes back: its body is dropped
-            return False
-        self.held = want
-        return True
+        """Hold `want` bytes of body in the gateway's budget; False (and what it held let
+        go: its body is dropped) if they would go past it."""
+        return self.hold.take(want)
 
     def _let_go(self) -> None:
         """The body is upstream, or dropped: its bytes go back to the budget."""
-        if self.held:
-            self.gw.let_body_go(self.held)
-            self.held = 0
+        self.hold.release()
 
     def _over_budget(self) -> None:
         message = budget_full(self.gw.config.max_body_total_bytes)

@@ -488,6 +488,8 @@ def budget_full(limit: int) -> str:
 class BodyHold:
     """One request's bytes in the gateway's body budget (Gateway.hold_body)."""
 
+    __slots__ = ("gw", "held")
+
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.held = 0
