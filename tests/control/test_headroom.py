@@ -114,3 +114,18 @@ def test_a_stored_probe_is_judged_against_where_its_cards_clocks_fall() -> None:
     }
     assert observation_from(row).state == "cool"
     assert observation_from({**row, "temp_target_c": 83.0}).state == "warm"
+
+
+def test_a_few_failing_probes_above_the_answer_are_named_not_called_unseen():
+    # 8 probes at 1 batch in flight, 4 of them over: too few to judge, but not "none above
+    # was seen failing".
+    rng = random.Random(5)
+    obs = probes("no-gpu", 0, 60, 0.0, rng) + probes("no-gpu", 1, 8, 0.5, rng)
+    (row,) = headroom_map(obs, TARGET)
+    assert (row.allowance, row.bound) == (0, "at least")
+    assert "none above was seen failing" not in row.settle
+    over = row.groups[-1].over
+    assert row.settle == (
+        f"more probes with 1 batch in flight while no-gpu: {over} of 8 there were over the "
+        "target, too few to judge"
+    )

@@ -203,6 +203,18 @@ def decide_row(
     best = passing[-1]
     if first_fail is None:
         top = best.hi if best.hi < LEVELS[-1][1] else best.lo
+        # Above it, too few to judge: one that leans to failing is what would settle it,
+        # and "none above was seen failing" would not be true.
+        leaning = next(
+            (g for g in groups if g.lo > best.hi and g.over > EXCEED_SHARE * g.n), None
+        )
+        if leaning is not None:
+            where = load.format(_span(leaning.lo, leaning.hi))
+            return row(
+                top, "at least", "likely",
+                f"more {unit} {where} while {state}: {leaning.over} of {leaning.n} there were "
+                "over the target, too few to judge",
+            )  # fmt: skip
         return row(
             top, "at least", "likely",
             f"{unit} {load.format(f'over {best.hi}')} while {state} (none above was seen failing)",
