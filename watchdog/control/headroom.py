@@ -205,9 +205,7 @@ def decide_row(
         top = best.hi if best.hi < LEVELS[-1][1] else best.lo
         # Above it, too few to judge: one that leans to failing is what would settle it,
         # and "none above was seen failing" would not be true.
-        leaning = next(
-            (g for g in groups if g.lo > best.hi and g.over > EXCEED_SHARE * g.n), None
-        )
+        leaning = next((g for g in groups if g.lo > best.hi and g.over > EXCEED_SHARE * g.n), None)
         if leaning is not None:
             where = load.format(_span(leaning.lo, leaning.hi))
             return row(
