@@ -99,7 +99,7 @@ def draw_gpu(ax: Axes, r: Report) -> bool:
     _time_axis(ax, r)
     said: set[str] = set()
     for p in r.throttled:
-        heat = p.label.startswith(f"{HEAT}:")
+        heat = p.kind == HEAT
         label = "slowed by heat" if heat else "at the power cap"
         # The edge keeps a period of one sample (start = end) in sight, as a line.
         ax.axvspan(_x(p.start_ts), _x(p.end_ts), color=THROTTLE if heat else POWER_CAP,

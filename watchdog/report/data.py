@@ -35,6 +35,9 @@ class Period:
     start_ts: float
     end_ts: float
     label: str  # the throttle reasons, or the drift event's kind and cause
+    # HEAT or POWER for a throttle period, None for a drift event: set where the period is
+    # made, from the reasons themselves, so no reader has to parse the label back.
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,15 +78,11 @@ class Report:
             ),
             "peak_temp_c": max(temps) if temps else None,
             "throttled_s": sum(p.end_ts - p.start_ts for p in self.throttled),
-            "heat_s": sum(p.end_ts - p.start_ts for p in self.throttled if _is(p, HEAT)),
-            "power_s": sum(p.end_ts - p.start_ts for p in self.throttled if _is(p, POWER)),
+            "heat_s": sum(p.end_ts - p.start_ts for p in self.throttled if p.kind == HEAT),
+            "power_s": sum(p.end_ts - p.start_ts for p in self.throttled if p.kind == POWER),
             "drift_events": len(self.drift),
             "control_actions": len(self.actions),
         }
-
-
-def _is(period: Period, kind: str) -> bool:
-    return period.label.startswith(f"{kind}:")
 
 
 def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:
@@ -155,7 +154,7 @@ def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
         mask = g.get("throttle_reasons")
         now = throttle_kind(mask)
         if start is not None and (now != kind or g["ts"] - last_ts > max_gap):
-            periods.append(Period(start, last_ts, f"{kind}: {','.join(sorted(names))}"))
+            periods.append(_throttled(start, last_ts, kind, names))
             start, names = None, set()
         if now is not None:
             if start is None:
@@ -163,8 +162,12 @@ def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
             names.update(n for n in reason_names(mask) if n != "gpu_idle")
             last_ts = g["ts"]
     if start is not None:
-        periods.append(Period(start, last_ts, f"{kind}: {','.join(sorted(names))}"))
+        periods.append(_throttled(start, last_ts, kind, names))
     return periods
+
+
+def _throttled(start_ts: float, end_ts: float, kind: str | None, names: set[str]) -> Period:
+    return Period(start_ts, end_ts, f"{kind}: {','.join(sorted(names))}", kind)
 
 
 def _at(ts_sorted: list[float], rows: Sequence[dict[str, Any]], ts: float, key: str) -> Any:

@@ -85,7 +85,9 @@ def _series(result: list[dict[str, Any]], scale: float = 1.0) -> Series:
     return out
 
 
-def _periods(result: list[dict[str, Any]], step_s: float, label_of: Any) -> list[Period]:
+def _periods(
+    result: list[dict[str, Any]], step_s: float, label_of: Any, kind: str | None = None
+) -> list[Period]:
     periods = []
     for item in result:
         start = last = None
@@ -93,13 +95,13 @@ def _periods(result: list[dict[str, Any]], step_s: float, label_of: Any) -> list
             ts, v = float(ts_text), _value(text)
             on = v is not None and v > 0
             if start is not None and (not on or ts - (last or ts) > 1.5 * step_s):
-                periods.append(Period(start, last or start, label_of(item["metric"])))
+                periods.append(Period(start, last or start, label_of(item["metric"]), kind))
                 start = None
             if on:
                 start = ts if start is None else start
                 last = ts
         if start is not None:
-            periods.append(Period(start, last or start, label_of(item["metric"])))
+            periods.append(Period(start, last or start, label_of(item["metric"]), kind))
     return sorted(periods, key=lambda p: p.start_ts)
 
 
@@ -152,11 +154,12 @@ def _report(
     heat_q = f"max({m('llm_watchdog_gpu_clock_event_active', heat_sel)})"
     power_q = f"max({m('llm_watchdog_gpu_clock_event_active', power_sel)})"
     report.throttled = sorted(
-        _periods(q(heat_q), step, lambda labels: f"{HEAT}: {HEAT_REASONS.replace('|', ',')}")
+        _periods(q(heat_q), step, lambda labels: f"{HEAT}: {HEAT_REASONS.replace('|', ',')}", HEAT)
         + _periods(
             q(f"{power_q} unless ({heat_q} > 0)"),
             step,
             lambda labels: f"{POWER}: {POWER_REASONS.replace('|', ',')}",
+            POWER,
         ),
         key=lambda p: p.start_ts,
     )
