@@ -21,10 +21,11 @@ from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, one_of_flags, stamp
 from llm_watchdog.cli.report import fleet_listing
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
+from llm_watchdog.durations import human_duration
 from llm_watchdog.logs import printable
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.store.control import actions as control_actions
-from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS
+from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS, Store
 from llm_watchdog.store.records import active_baseline, events
 
 # ---- status / history -----------------------------------------------------------------------
@@ -35,8 +36,10 @@ from llm_watchdog.store.records import active_baseline, events
 @click.option("--json", "as_json", is_flag=True, help="Print as one JSON object.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Last probe, last GPU sample per GPU, the fingerprint, and the database path."""
+    """Last probe, last GPU sample per GPU, the fingerprint, the control loop's last decision,
+    and the database path."""
     settings = settings_from(ctx)
+    now = time.time()
     with open_store(settings, read_only=True) as store:
         last = store.last_probe()
         gpus = store.last_gpu_samples()
@@ -49,7 +52,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
         open_events = [e for e in events(store) if e["end_ts"] is None]
-        room_line, room = status_line(store, settings.control.target_p95_s * 1000.0, time.time())
+        room_line, room = status_line(store, settings.control.target_p95_s * 1000.0, now)
+        control = control_state(store)
     data = {
         "database": settings.storage.path,
         "last_probe": last,
@@ -58,6 +62,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "baseline": baseline,
         "open_events": open_events,
         "headroom": room,
+        "control": control,
     }
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2))
@@ -97,8 +102,115 @@ def status(ctx: click.Context, as_json: bool) -> None:
     else:
         _say("baseline     none yet (learned from the first warm probes)")
     _say(f"headroom     {room_line}")
+    for line in control_lines(control, now):
+        _say(line)
     for e in open_events:
         _say(f"OPEN {e['kind']:<8} since {stamp(e['start_ts'])}: {e['message']}")
+
+
+# ---- the control loop in status ------------------------------------------------------------
+
+# What the steering loop stores as `apply_detail` when `control.dry_run` holds it back
+# (llm_watchdog.daemon.steer: "dry run: not written").
+DRY_RUN_DETAIL = "dry run"
+STATUS_WIDTH = 120  # a status line's length before a reason or an error is cut short
+LABEL = " " * 13  # the width of "headroom     ", so a second line lines up under the first
+
+ACTION_FIELDS = (
+    "ts",
+    "cls",
+    "kind",
+    "allowance_before",
+    "allowance_after",
+    "reason",
+    "p95_est_ms",
+    "actuator",
+    "applied",
+    "apply_detail",
+    "verify_kind",
+    "verify_detail",
+)
+
+
+def control_state(store: Store) -> dict[str, Any]:
+    """The newest control decision (`last`, a hold included) and the newest one that wrote a
+    new allowance (`last_change`); each None when the store has none.
+
+    A dry run's decisions write nothing, and a failed write leaves the old allowance in
+    force, so neither counts as a change. Holds are stored once a minute at most
+    (daemon.steer.HOLD_RECORD_EVERY_S): `last` may be up to a minute older than the loop.
+    """
+    newest = "ORDER BY ts DESC, id DESC LIMIT 1"
+    last = store.rows(f"SELECT * FROM control_actions {newest}")
+    change = store.rows(
+        "SELECT * FROM control_actions WHERE allowance_after != allowance_before "
+        f"AND applied = 1 {newest}"
+    )
+    return {
+        "last": _action(last[0]) if last else None,
+        "last_change": _action(change[0]) if change else None,
+    }
+
+
+def _action(row: dict[str, Any]) -> dict[str, Any]:
+    # The row without its inputs: a JSON blob of samples that status has no use for.
+    out = {k: row.get(k) for k in ACTION_FIELDS}
+    out["dry_run"] = str(row.get("apply_detail") or "").startswith(DRY_RUN_DETAIL)
+    return out
+
+
+def control_lines(control: dict[str, Any], now_ts: float) -> list[str]:
+    """`status`'s control lines: the last decision, then when the allowance last changed."""
+    last, change = control["last"], control["last_change"]
+    if last is None:
+        return [
+            "control      no decisions recorded (control off, or the daemon has not steered yet)"
+        ]
+    if last["dry_run"]:
+        outcome = ", dry run (not written)"
+    elif last["applied"] == 0:
+        outcome = f", write FAILED ({_clip(last['apply_detail'] or '?', 60)})"
+    elif last["applied"] == 1:
+        outcome = ", written"
+    else:
+        outcome = ""  # a hold: nothing to write
+    head = f"control      {stamp(last['ts'])}  {_move(last)}{outcome}: "
+    lines = [head + _clip(_why(last), max(40, STATUS_WIDTH - len(head)))]
+    if change is None:
+        never = "; a dry run writes nothing" if last["dry_run"] else ""
+        lines.append(f"{LABEL}allowance not changed in the stored decisions{never}")
+    else:
+        # verify_kind stays NULL until the read-back a drain time after the write.
+        check = (
+            f"read back: {change['verify_kind']}" if change["verify_kind"] else "not read back yet"
+        )
+        lines.append(
+            f"{LABEL}allowance last changed {stamp(change['ts'])} "
+            f"({human_duration(now_ts - change['ts'])} ago): {_move(change)}, {check}"
+        )
+    return lines
+
+
+def _move(action: dict[str, Any]) -> str:
+    """The move as the law heads its reasons: "cut 8 → 4", or "hold 4" where it stayed."""
+    before, after = action["allowance_before"], action["allowance_after"]
+    return (
+        f"{action['kind']} {before} → {after}" if after != before else f"{action['kind']} {after}"
+    )
+
+
+def _why(action: dict[str, Any]) -> str:
+    """The reason without the head that `_move` already shows (the law writes "cut 8 → 4:
+    why"); the whole reason where it is worded otherwise."""
+    reason = str(action["reason"] or "")
+    head = _move(action) + ": "
+    return reason[len(head) :] if reason.startswith(head) else reason
+
+
+def _clip(text: str, width: int) -> str:
+    """One line of at most `width` characters; an ellipsis says where it was cut."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
 
 
 def _say(line: str) -> None:
