@@ -41,7 +41,8 @@ def test_wrong_answers_and_failures_never_count_as_fast():
     assert lv["chat_probes"] == 4 and lv["chat_wrong"] == 1 and lv["chat_failed"] == 1
     assert lv["quality_pass_rate"] == 0.5
     assert lv["chat_p50_ms"] == 550.0
-    assert lv["chat_p95_low_ms"] >= 500.0
+    assert lv["chat_p95_ms"] >= 500.0
+    assert lv["chat_p95_low_ms"] is None  # two right answers: too few for an interval
 
 
 def test_batch_output_in_tokens_where_the_engine_counts_them_else_characters():

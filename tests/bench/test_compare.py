@@ -72,8 +72,10 @@ def test_per_level_verdict_and_a_quality_drop_first():
 
 
 def test_a_level_with_few_probes_gets_a_warning():
-    out = compare_runs(run(), run(id=2), rows(0, [100.0] * 10), rows(0, [120.0] * 10))
+    out = compare_runs(run(), run(id=2), rows(0, [100.0] * 30), rows(0, [120.0] * 30))
     assert any("fewer than 50 right answers at batch 0" in w for w in out["warnings"])
+    out = compare_runs(run(), run(id=2), rows(0, [100.0] * 10), rows(0, [120.0] * 10))
+    assert any("fewer than 20 right answers at batch 0" in w for w in out["warnings"])
 
 
 def test_scheduler_lines_say_what_the_engine_queue_did_or_that_it_said_nothing():

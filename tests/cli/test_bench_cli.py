@@ -63,6 +63,8 @@ def test_a_run_is_stored_listed_shown_and_compared(tmp_path):
     assert first.exit_code == 0, first.output
     assert second.exit_code == 0, second.output
     assert "cold start: not measured" in first.output
+    assert "# batch 0: too few probes: " in first.output
+    assert "a p95 interval needs 20; run longer levels (--duration)" in first.output
     assert "stored as bench run #1" in first.output
     assert "no batch request finished" not in first.output  # its batch ran
 
@@ -75,6 +77,8 @@ def test_a_run_is_stored_listed_shown_and_compared(tmp_path):
     assert run["engine"] == "llamacpp" and run["config"]["levels"] == [0, 1]
     assert [lv["batch_streams"] for lv in run["levels"]] == [0, 1]
     assert run["levels"][0]["quality_pass_rate"] is not None
+    assert run["levels"][0]["chat_interval_note"].startswith("too few probes: ")
+    assert run["levels"][0]["chat_p95_low_ms"] is None
     table = bench("show", "1", "--db", str(db))
     assert "launch   llama-server --parallel 4" in table.output
 
@@ -88,14 +92,12 @@ def test_a_run_is_stored_listed_shown_and_compared(tmp_path):
     assert cmp.exit_code == 0, cmp.output
     assert "launch command --parallel: 4 -> 2" in cmp.output
     assert "variables differ" not in cmp.output
-    assert "fewer than 50 right answers" in cmp.output
+    # One-second levels: a few probes each, too few for an interval or a verdict.
+    assert "too few probes for a p95 interval, so no verdict" in cmp.output
     cmp_json = json.loads(bench("compare", "1", "2", "--db", str(db), "--json").output)
     assert [d["variable"] for d in cmp_json["differences"]] == ["launch command --parallel"]
-    assert {lv["verdict"] for lv in cmp_json["levels"]} <= {
-        "faster",
-        "slower",
-        "no difference shown",
-    }
+    assert {lv["verdict"] for lv in cmp_json["levels"]} == {"too few probes"}
+    assert all(0 < lv["probes_a"] < 20 for lv in cmp_json["levels"])
 
 
 def test_wrong_answers_show_in_the_quality_column_not_as_fast(tmp_path):

@@ -5,7 +5,9 @@ driver, model, probe set, batch set, GPU, the bench's settings key by key): a co
 is only readable when one thing changed, so more than one gets a warning. Then per batch
 level: the chat p95 difference (B - A) with a bootstrap 95 % interval over the raw TTFTs
 and a plain verdict, and the quality and throughput differences. A quality drop comes
-first: a faster setup that changes answers is a different system, not a faster one.
+first: a faster setup that changes answers is a different system, not a faster one. A level
+with fewer right answers on either side than an interval needs (`stats.MIN_INTERVAL_VALUES`)
+gets no interval and the verdict "too few probes"; below MIN_PROBES it gets a warning.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_watchdog.bench.stats import percentile_difference, verdict
+from llm_watchdog.bench.stats import min_values, percentile_difference, verdict
 from llm_watchdog.probe.fingerprint import flags
 
 FIELDS = (
@@ -27,7 +29,8 @@ FIELDS = (
 )
 # Below this many right answers a level's p95 is close to its maximum and the bootstrap
 # interval is too narrow: 10 % false "faster"/"slower" verdicts at 20 probes, none seen from
-# 50 up (tests/benchmarks/bench_bench_power.py, docs/bench.md).
+# 50 up (tests/benchmarks/bench_bench_power.py, docs/bench.md). Below
+# stats.MIN_INTERVAL_VALUES (20) there is no verdict at all.
 MIN_PROBES = 50
 # Words of a launch command that say where it listens, not how it runs: two launches on
 # different ports are the same setup.
@@ -109,11 +112,14 @@ def compare_runs(
     levels: list[dict[str, Any]] = []
     quality_drops: list[str] = []
     short: list[int] = []
+    too_few: list[str] = []
     for streams in sorted(set(index_a) & set(index_b)):
         la, lb = a["levels"][index_a[streams]], b["levels"][index_b[streams]]
         ta, tb = _ttfts(chat_a, index_a[streams]), _ttfts(chat_b, index_b[streams])
         diff = percentile_difference(ta, tb, 95)
-        if diff is not None and min(len(ta), len(tb)) < MIN_PROBES:
+        if diff is not None and min(len(ta), len(tb)) < min_values(95):
+            too_few.append(f"{streams} (A {len(ta)}, B {len(tb)})")
+        elif diff is not None and min(len(ta), len(tb)) < MIN_PROBES:
             short.append(streams)
         qa, qb = la.get("quality_pass_rate"), lb.get("quality_pass_rate")
         row = {
@@ -127,6 +133,9 @@ def compare_runs(
             "chat_p95_diff_low_ms": diff.low if diff else None,
             "chat_p95_diff_high_ms": diff.high if diff else None,
             "verdict": verdict(diff),
+            # The right answers behind each p95: the verdict needs min_values(95) a side.
+            "probes_a": len(ta),
+            "probes_b": len(tb),
             "batch_output_a_per_s": la.get("batch_output_per_s"),
             "batch_output_b_per_s": lb.get("batch_output_per_s"),
             "batch_output_unit": lb.get("batch_output_unit") or la.get("batch_output_unit"),
@@ -146,6 +155,13 @@ def compare_runs(
                 "B answers differently, so its speed is not comparable"
             )
         levels.append(row)
+    if too_few:
+        warnings.append(
+            f"fewer than {min_values(95)} right answers at batch "
+            + ", ".join(too_few)
+            + ": too few probes for a p95 interval, so no verdict; run longer levels "
+            f"(--duration), at least {MIN_PROBES} right answers a level"
+        )
     if short:
         warnings.append(
             f"fewer than {MIN_PROBES} right answers at batch "

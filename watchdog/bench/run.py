@@ -23,7 +23,7 @@ from llm_watchdog.bench.batchset import BatchSet
 from llm_watchdog.bench.loadgen import BatchLoad
 from llm_watchdog.bench.observe import Observer, gpu_summary
 from llm_watchdog.bench.scheduler import summarise
-from llm_watchdog.bench.stats import percentile_interval
+from llm_watchdog.bench.stats import percentile
 from llm_watchdog.bench.summary import chat_latencies, engine_wait_ms, level_summary
 from llm_watchdog.errors import WatchdogError
 from llm_watchdog.probe.client import EngineTimings, Prober
@@ -195,14 +195,13 @@ def _level(
             r, timings = prober.probe_timed(prompt, probe_set.name)
             chat.append(chat_row(index, r, timings))
             if progress:
-                iv = percentile_interval(chat_latencies(chat), 95, resamples=1)
                 progress(
                     Progress(
                         index,
                         level,
                         max(0.0, end - time.monotonic()),
                         len(chat),
-                        iv.value if iv else None,
+                        percentile(chat_latencies(chat), 95),
                     )
                 )
             stop.wait(plan.chat_gap_s)

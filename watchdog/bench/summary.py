@@ -2,7 +2,9 @@
 
 Chat latency is taken over right answers only: a failed request is counted as failed and a
 wrong answer as wrong, never as a fast TTFT. The quality pass rate is right answers over
-every chat request sent, so a server that answers quickly and wrongly shows it.
+every chat request sent, so a server that answers quickly and wrongly shows it. A level with
+fewer right answers than a p95 interval needs (`stats.min_values`) has its p95 but no
+interval, and says so in `chat_interval_note`.
 
 The per-class view comes from the engine's own timings of each request, where it gives them
 (llama.cpp's `timings`: `prompt_ms`, its prefill time): a request's wait in the engine's queue
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_watchdog.bench.stats import percentile_interval, rate
+from llm_watchdog.bench.stats import min_values, percentile, percentile_interval, rate, too_few_note
 from llm_watchdog.stats import quantile
 
 PERCENTILES = (50, 95, 99)
@@ -84,6 +86,24 @@ def _ms(value: Any) -> str:
     return f"{value:.0f} ms" if value is not None else "-"
 
 
+def interval_note(right: int | None) -> str | None:
+    """Why a level has no p95 interval (too few right answers), or None where it has one or
+    has no p95 at all."""
+    if right is None or right <= 0 or right >= min_values(95):
+        return None
+    return too_few_note(right, 95)
+
+
+def stored_interval_note(lv: Mapping[str, Any]) -> str | None:
+    """`interval_note` of a stored level; a level stored before `chat_right` was kept has its
+    right answers counted back from its probes and quality pass rate."""
+    right = lv.get("chat_right")
+    if right is None:
+        probes, quality = lv.get("chat_probes"), lv.get("quality_pass_rate")
+        right = round(probes * quality) if probes is not None and quality is not None else None
+    return interval_note(right)
+
+
 def chat_latencies(chat: Sequence[Mapping[str, Any]]) -> list[float]:
     """TTFTs of the right answers: the latencies the percentiles are taken over."""
     return [
@@ -114,6 +134,8 @@ def level_summary(
         "chat_failed": failed,
         "chat_wrong": wrong,
         "quality_pass_rate": rate(len(ttfts), len(chat)),
+        "chat_right": len(ttfts),
+        "chat_interval_note": interval_note(len(ttfts)),
     }
     for q in PERCENTILES:
         iv = percentile_interval(ttfts, q)
@@ -140,9 +162,8 @@ def level_summary(
     out["batch_queue_cap_hits"] = sum(1 for r in batch if r.get("outcome") == "queue_cap")
     out["batch_errors"] = sum(1 for r in batch if r.get("outcome") == "error")
     waits = [float(r["wait_ms"]) for r in batch if r.get("wait_ms") is not None]
-    w50, w95 = percentile_interval(waits, 50), percentile_interval(waits, 95)
-    out["batch_wait_p50_ms"] = w50.value if w50 else None
-    out["batch_wait_p95_ms"] = w95.value if w95 else None
+    out["batch_wait_p50_ms"] = percentile(waits, 50)
+    out["batch_wait_p95_ms"] = percentile(waits, 95)
     sched = dict(scheduler or {})
     for key in ("waiting_mean", "waiting_max", "running_mean", "busy_slots_max"):
         out[f"engine_{key}"] = sched.get(key)

@@ -24,7 +24,12 @@ from llm_watchdog.bench.run import (
     parse_levels,
     run_bench,
 )
-from llm_watchdog.bench.summary import NO_TIMINGS_NOTE, cold_summary, per_class_line
+from llm_watchdog.bench.summary import (
+    NO_TIMINGS_NOTE,
+    cold_summary,
+    per_class_line,
+    stored_interval_note,
+)
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
 from llm_watchdog.cli.output import emit, listing_options, stamp
 from llm_watchdog.cli.urlargs import LAB_URL, SERVER_URL
@@ -101,6 +106,9 @@ PER_CLASS_COLUMNS = [
     "batch_prefill_p50_ms",
     "per_class_note",
 ]
+# In JSON and CSV: the right answers behind the percentiles, and why a level has no p95
+# interval (too few of them); on a table, a line under it.
+INTERVAL_COLUMNS = ["chat_right", "chat_interval_note"]
 LIST_COLUMNS = [
     "id",
     "started",
@@ -129,6 +137,8 @@ COMPARE_COLUMNS = [
     "engine_queue_b_ms",
     "chat_engine_wait_a_ms",
     "chat_engine_wait_b_ms",
+    "probes_a",
+    "probes_b",
 ]
 
 
@@ -357,6 +367,8 @@ def _run(
     else:
         click.echo(cold_summary(result.cold_start) if result.cold_start else "", err=True)
     _levels(result.levels, fmt)
+    for line in _interval_lines(result.levels):
+        click.echo(f"# {line}", err=True)
     for line in unloaded_levels(result.levels):
         click.echo(f"# {line}", err=True)
     for lv in result.levels:
@@ -452,9 +464,12 @@ class _Display:
         p95 = lv.get("chat_p95_ms")
         q = lv.get("quality_pass_rate")
         out = lv.get("batch_output_per_s")
+        right = lv.get("chat_right")
         click.echo(
             f"# batch {lv['batch_streams']}: chat p95 "
             + (f"{p95:.0f} ms" if p95 is not None else "-")
+            + (" (too few probes for an interval)" if lv.get("chat_interval_note") else "")
+            + (f", {right} right answers" if right is not None else "")
             + (f", quality {q:.0%}" if q is not None else "")
             + (
                 f", batch {out:.0f} {lv['batch_output_unit']}/s"
@@ -506,7 +521,7 @@ def _get(store: Store, run_id: int) -> dict[str, Any]:
 def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fmt: str) -> None:
     """One stored run: what produced it, its cold start and its levels."""
     with _store(ctx, db, must_exist=True) as store:
-        run = _get(store, run_id)
+        run = with_interval_rule(_get(store, run_id))
         rows = stored.run_requests(store, run_id) if requests else []
     if requests:
         emit(rows, stored.REQUEST_LISTING_COLUMNS, fmt)
@@ -529,13 +544,39 @@ def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fm
             click.echo(line)
     _levels(run["levels"], fmt)
     if fmt == "table":
+        for line in _interval_lines(run["levels"]):
+            click.echo(line)
         for line in _per_class_lines(run["levels"]):
             click.echo(f"per class, {line}")
 
 
 def _levels(levels: list[dict[str, Any]], fmt: str) -> None:
-    columns = LEVEL_COLUMNS if fmt == "table" else LEVEL_COLUMNS + PER_CLASS_COLUMNS
+    columns = (
+        LEVEL_COLUMNS if fmt == "table" else LEVEL_COLUMNS + PER_CLASS_COLUMNS + INTERVAL_COLUMNS
+    )
     emit(levels, columns, fmt, headers=LEVEL_HEADERS)
+
+
+def _interval_lines(levels: list[dict[str, Any]]) -> list[str]:
+    """One line for each level whose p95 has no interval: too few right answers."""
+    out = []
+    for lv in levels:
+        note = lv.get("chat_interval_note") or stored_interval_note(lv)
+        if note:
+            out.append(f"batch {lv.get('batch_streams')}: {note}")
+    return out
+
+
+def with_interval_rule(run: dict[str, Any]) -> dict[str, Any]:
+    """A stored run as it is shown: a level stored before levels with too few right answers
+    lost their p95 interval loses it here too, and says why, as a new run's level does."""
+    levels = []
+    for lv in run.get("levels") or []:
+        note = lv.get("chat_interval_note") or stored_interval_note(lv)
+        if note and "chat_interval_note" not in lv:
+            lv = dict(lv, chat_interval_note=note, chat_p95_low_ms=None, chat_p95_high_ms=None)
+        levels.append(lv)
+    return dict(run, levels=levels)
 
 
 def _per_class_lines(levels: list[dict[str, Any]]) -> list[str]:
