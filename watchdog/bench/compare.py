@@ -1,7 +1,8 @@
 """`bench compare A B`: what differs between two stored runs, and what it did. Pure.
 
-Every variable that differs is listed (the launch command flag by flag, engine version,
-driver, model, probe set, batch set, GPU, the bench's settings key by key): a comparison
+Every variable that differs is listed (the target the run was made against, the launch
+command flag by flag, engine version, driver, model, probe set, batch set, GPU, the bench's
+settings key by key): a comparison
 is only readable when one thing changed, so more than one gets a warning. Then per batch
 level: the chat p95 difference (B - A) with a bootstrap 95 % interval over the raw TTFTs
 and a plain verdict, and the quality and throughput differences. A quality drop comes
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from llm_watchdog.bench.stats import min_values, percentile_difference, verdict
 from llm_watchdog.probe.fingerprint import flags
@@ -35,6 +37,61 @@ MIN_PROBES = 50
 # Words of a launch command that say where it listens, not how it runs: two launches on
 # different ports are the same setup.
 ADDRESS_FLAGS = ("--port", "--host", "-p")
+# What a run stores (in its config) about the path to the engine: "gateway" (an llm-watchdog
+# gateway, whose engine is `engine_url`) or "direct"; where the engine's queue figures were
+# read. They make up the "target" variable, not settings of the bench; a run stored before
+# them has none, and its target is its URL alone.
+VIA_GATEWAY, VIA_DIRECT = "gateway", "direct"
+TARGET_CONFIG_KEYS = ("via", "engine_url", "metrics_url")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host(url: Any) -> str:
+    host = (urlsplit(str(url or "").strip()).hostname or "").lower()
+    return "127.0.0.1" if host == "localhost" else host
+
+
+def endpoint(url: Any) -> str | None:
+    """Where a URL goes: scheme, host and port (the scheme's default filled in, `localhost`
+    read as 127.0.0.1) and the path less a trailing `/v1`; None for none given."""
+    if not url:
+        return None
+    parts = urlsplit(str(url).strip())
+    host = _host(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:  # a port that is not a number: the URL as written is all there is
+        return str(url).strip().rstrip("/")
+    path = parts.path.rstrip("/")
+    path = path[: -len("/v1")] if path.endswith("/v1") else path
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def _via(run: Mapping[str, Any]) -> Any:
+    return (run.get("config") or {}).get("via")
+
+
+def target_label(run: Mapping[str, Any]) -> str | None:
+    """A run's target as `differences` shows it: its URL, and the engine behind a gateway."""
+    url = run.get("url")
+    if _via(run) == VIA_GATEWAY:
+        engine_url = (run.get("config") or {}).get("engine_url") or "an engine it did not name"
+        return f"{url} (llm-watchdog gateway to {engine_url})"
+    return None if url is None else str(url)
+
+
+def target_differs(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two runs reached their engine by different paths. A different host or port is
+    a different path (a gateway in front of the engine, another machine), and so is a gateway
+    in one run and none in the other. Two runs straight at an engine on one host that differ
+    only in its port are the same path: the port is where the engine listens (ADDRESS_FLAGS
+    in its launch command); that is known only where both runs stored how they went."""
+    via_a, via_b = _via(a), _via(b)
+    if via_a and via_b and via_a != via_b:
+        return True
+    if endpoint(a.get("url")) == endpoint(b.get("url")):
+        return False
+    return not (via_a == via_b == VIA_DIRECT and _host(a.get("url")) == _host(b.get("url")))
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,6 +108,8 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One {"variable", "a", "b"} per thing that differs between two runs."""
     out: list[dict[str, Any]] = []
+    if target_differs(a, b):
+        out.append({"variable": "target", "a": target_label(a), "b": target_label(b)})
     ca, cb = str(a.get("launch_command", "unknown")), str(b.get("launch_command", "unknown"))
     if ca != cb:
         fa, fb = flags(ca), flags(cb)
@@ -67,7 +126,7 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, An
         if a.get(field) != b.get(field):
             out.append({"variable": label, "a": a.get(field), "b": b.get(field)})
     conf_a, conf_b = _flatten(a.get("config") or {}), _flatten(b.get("config") or {})
-    for key in sorted(set(conf_a) | set(conf_b)):
+    for key in sorted((set(conf_a) | set(conf_b)) - set(TARGET_CONFIG_KEYS)):
         if conf_a.get(key) != conf_b.get(key):
             out.append({"variable": f"config {key}", "a": conf_a.get(key), "b": conf_b.get(key)})
     return out

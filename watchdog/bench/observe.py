@@ -3,12 +3,16 @@
 The HTTP and NVML edge of the bench's observation; what the readings mean is
 `llm_watchdog.bench.scheduler` (engine) and `gpu_summary` below (card). One thread polls
 until stopped; `take()` hands over what a level saw and starts the next level's list.
+
+The engine's figures are read on the engine: behind an llm-watchdog gateway the URL the bench
+measures answers /metrics with the gateway's own, so `metrics_source` picks the engine the
+gateway names in /control/identity (`upstream`), or the URL given with --metrics-url.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -16,6 +20,50 @@ import httpx
 from llm_watchdog.bench.scheduler import ENGINES, snapshot
 from llm_watchdog.models import GpuSample
 from llm_watchdog.probe.engine import api_root
+
+
+def metrics_source(
+    url: str, identity: Mapping[str, Any] | None, given: str | None = None
+) -> tuple[str, str | None]:
+    """Where the engine's /metrics (and llama.cpp's /slots) are read, and one line to print
+    about it (None: nothing to say). `identity` is the gateway's /control/identity where
+    `url` is an llm-watchdog gateway, else None."""
+    if given:
+        return given, None
+    if identity is None:
+        return url, None
+    upstream = identity.get("upstream")
+    if not isinstance(upstream, str) or not upstream.strip():
+        return url, (
+            f"engine queue figures: {url} is an llm-watchdog gateway that does not name its "
+            "engine, so its /metrics are the gateway's, not the engine's: pass --metrics-url "
+            "with the engine's URL (e.g. http://127.0.0.1:8080)"
+        )
+    return upstream, (
+        f"engine queue figures: read on the engine at {api_root(upstream)}/metrics, which the "
+        f"gateway at {url} names (--metrics-url to read them elsewhere)"
+    )
+
+
+def unreachable_line(metrics_url: str, url: str) -> str:
+    """What to print where the engine a gateway names does not answer from this machine."""
+    return (
+        f"engine queue figures: the engine at {metrics_url} that the gateway at {url} names "
+        "does not answer from here, so there are none: pass --metrics-url with the engine's "
+        "URL as this machine reaches it"
+    )
+
+
+def answers(url: str, api_key: str | None = None, timeout_s: float = 2.0) -> bool:
+    """Whether anything answers HTTP at `url`'s /metrics (any status: an engine without
+    metrics still answers)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
+            client.get(api_root(url) + "/metrics")
+    except (httpx.HTTPError, ValueError):
+        return False
+    return True
 
 
 class Observer:

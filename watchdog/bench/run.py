@@ -112,12 +112,17 @@ def run_bench(
     progress: Callable[[Progress], None] | None = None,
     level_done: Callable[[dict[str, Any]], None] | None = None,
     result: BenchResult | None = None,
+    metrics_url: str | None = None,
 ) -> BenchResult:
-    """Run the protocol; fills and returns `result` (pass one in to keep what a failure left)."""
+    """Run the protocol; fills and returns `result` (pass one in to keep what a failure left).
+    The engine's scheduler metrics are read at `metrics_url` (default: `url`; behind a
+    gateway, the engine's own URL)."""
     stop = stop or threading.Event()
     out = result if result is not None else BenchResult()
     out.cold_start = measure_cold_start(prober, probe_set, url, model, engine, plan.cold_start)
-    observer = Observer(url, engine, reader, plan.observe_interval_s, api_key).start()
+    observer = Observer(
+        metrics_url or url, engine, reader, plan.observe_interval_s, api_key
+    ).start()
     try:
         for index, level in enumerate(plan.levels):
             if stop.is_set():

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import click
 
 from llm_watchdog.bench.batchset import BatchSetError, load_batch_set, synthetic_batch_set
-from llm_watchdog.bench.compare import compare_runs
+from llm_watchdog.bench.compare import VIA_DIRECT, VIA_GATEWAY, compare_runs, target_label
+from llm_watchdog.bench.observe import answers, metrics_source, unreachable_line
 from llm_watchdog.bench.run import (
     COLD_AUTO,
     BenchError,
@@ -207,6 +208,12 @@ def _store(ctx: click.Context, db: str | None, must_exist: bool) -> Store:
     type=LAB_URL,
     help="Read the GPU of a heat lab (`llm-watchdog sim serve`) at URL instead of NVML.",
 )
+@click.option(
+    "--metrics-url",
+    type=SERVER_URL,
+    help="Where the engine's /metrics (and llama.cpp's /slots) are read (default: the server; "
+    "behind an llm-watchdog gateway, the engine it names in /control/identity).",
+)
 @_db_option
 @click.option("--no-store", is_flag=True, help="Print only; do not store the run.")
 @listing_options
@@ -239,6 +246,7 @@ def _run(
     batch_max_tokens: int | None,
     launch_command: str | None,
     sim_gpu: str | None,
+    metrics_url: str | None,
     db: str | None,
     no_store: bool,
 ) -> None:
@@ -268,6 +276,15 @@ def _run(
     pset, api_key, chosen, engine = target.probe_set, target.api_key, target.model, target.engine
     plan = BenchPlan(tuple(levels), seconds, warmup_s, cap_s, cold_start)
     opts = probe_options(settings, engine)
+    # Behind an llm-watchdog gateway: the run is through it (a different path to the engine
+    # than straight at it, which `bench compare` names) and the engine's queue figures are
+    # read on the engine it names, not on the gateway.
+    identity = gateway_identity(server.url)
+    engine_url = identity.get("upstream") if identity else None
+    metrics_at, metrics_line = metrics_source(server.url, identity, metrics_url)
+    if identity and metrics_url is None and metrics_at != server.url:
+        if not answers(metrics_at, api_key):
+            metrics_line = unreachable_line(metrics_at, server.url)
     config = {
         "levels": list(levels),
         "duration_s": seconds,
@@ -279,6 +296,10 @@ def _run(
         "cache_mode": opts.cache_mode,
         "api": opts.api,
         "first_token_timeout_s": opts.first_token_timeout_s,
+        # The path to the engine (compare.TARGET_CONFIG_KEYS: the "target" variable).
+        "via": VIA_GATEWAY if identity else VIA_DIRECT,
+        "engine_url": engine_url if isinstance(engine_url, str) else None,
+        "metrics_url": metrics_at,
     }
     reader = NvmlReader(nvml=_sim_nvml(sim_gpu) if sim_gpu else None)
     gpu_ok = reader.start()
@@ -287,7 +308,8 @@ def _run(
         engine=engine,
         engine_version=target.info.version,
         model=chosen,
-        launch_command=launch_command or _launch_command(server.url, server.launch_command),
+        launch_command=launch_command
+        or _launch_command(server.url, server.launch_command, identity),
         driver_version=reader.driver_version() if gpu_ok else None,
         gpu_name=infos[0].name if infos else None,
         gpu_uuid=infos[0].uuid if infos else None,
@@ -295,6 +317,8 @@ def _run(
         config_hash=None,
     )
     say = _Display(sys.stderr.isatty())
+    if metrics_line:
+        click.echo(f"# {metrics_line}", err=True)
     stop = threading.Event()
     result = BenchResult()
     started = time.time()
@@ -315,6 +339,7 @@ def _run(
                 progress=say.progress,
                 level_done=say.level_done,
                 result=result,
+                metrics_url=metrics_at,
             )
 
     # Ctrl-C ends the run between two requests, and what was measured is stored.
@@ -424,12 +449,17 @@ def _sim_nvml(url: str) -> Any:
         ) from None
 
 
-def _launch_command(url: str, configured: str) -> str | list[str] | None:
+_UNREAD: Any = object()
+
+
+def _launch_command(url: str, configured: str, identity: Any = _UNREAD) -> str | list[str] | None:
+    """The server's launch command; `identity` is the gateway's /control/identity where it
+    was read already (None: not a gateway), else it is read here."""
     if configured != "auto":
         return configured
     # Behind an llm-watchdog gateway the listening process is the gateway: its identity
     # names the engine's command line, which `bench compare` diffs flag by flag.
-    ident = gateway_identity(url)
+    ident = gateway_identity(url) if identity is _UNREAD else identity
     if ident is not None:
         command = ident.get("launch_command")
         return command if isinstance(command, str) else None
@@ -533,7 +563,8 @@ def show_cmd(ctx: click.Context, run_id: int, db: str | None, requests: bool, fm
         state = "complete" if run["complete"] else f"INCOMPLETE ({run.get('stop_reason')})"
         for line in (
             f"bench run #{run['id']}  {stamp(run['started_ts'])}  {state}",
-            f"server   {run['url']}: {run['engine']} {run['engine_version']}, model {run['model']}",
+            f"server   {target_label(run)}: {run['engine']} {run['engine_version']}, "
+            f"model {run['model']}",
             f"launch   {run['launch_command']}",
             f"gpu      {run['gpu_name']}, driver {run['driver_version']}",
             f"chat set {run['probe_set']} ({run['probe_set_hash'][:12]}), "
