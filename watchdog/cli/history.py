@@ -25,6 +25,7 @@ from llm_watchdog.durations import human_duration
 from llm_watchdog.logs import printable
 from llm_watchdog.nvml.throttle import reason_names
 from llm_watchdog.store.control import actions as control_actions
+from llm_watchdog.store.control import last_action
 from llm_watchdog.store.db import AUTO_1M_MAX_S, AUTO_RAW_MAX_S, GPU_HISTORY_COLUMNS, Store
 from llm_watchdog.store.records import active_baseline, events
 
@@ -140,15 +141,10 @@ def control_state(store: Store) -> dict[str, Any]:
     force, so neither counts as a change. Holds are stored once a minute at most
     (daemon.steer.HOLD_RECORD_EVERY_S): `last` may be up to a minute older than the loop.
     """
-    newest = "ORDER BY ts DESC, id DESC LIMIT 1"
-    last = store.rows(f"SELECT * FROM control_actions {newest}")
-    change = store.rows(
-        "SELECT * FROM control_actions WHERE allowance_after != allowance_before "
-        f"AND applied = 1 {newest}"
-    )
+    last, change = last_action(store), last_action(store, changed=True)
     return {
-        "last": _action(last[0]) if last else None,
-        "last_change": _action(change[0]) if change else None,
+        "last": _action(last) if last else None,
+        "last_change": _action(change) if change else None,
     }
 
 

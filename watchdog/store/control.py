@@ -64,7 +64,6 @@ def verification_row(
     }
 
 
-
 def record_action(store: Store, row: dict[str, Any]) -> int:
     """Insert an `action_row`; returns its id, for `record_verification`."""
     return store.insert("control_actions", row)
@@ -85,3 +84,11 @@ def actions(store: Store, since_ts: float, until_ts: float | None = None) -> lis
         "SELECT * FROM control_actions WHERE ts >= ? AND ts < ? ORDER BY ts, id",
         (since_ts, until_ts if until_ts is not None else float("inf")),
     )
+
+
+def last_action(store: Store, *, changed: bool = False) -> dict[str, Any] | None:
+    """The newest control decision, a hold included; with `changed`, the newest one whose
+    write took a new allowance (a dry run or a failed write leaves the old one in force)."""
+    where = "WHERE allowance_after != allowance_before AND applied = 1 " if changed else ""
+    rows = store.rows(f"SELECT * FROM control_actions {where}ORDER BY ts DESC, id DESC LIMIT 1")
+    return rows[0] if rows else None
