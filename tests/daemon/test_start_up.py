@@ -347,7 +347,7 @@ def test_a_restart_on_another_runtime_says_what_changed_and_one_on_the_same_says
     import logging
 
     with StreamServer() as srv, Store(db_path) as store:
-        caplog.set_level(logging.WARNING, logger="llm_watchdog")
+        caplog.set_level(logging.INFO, logger="llm_watchdog")
         run_daemon(srv.url, db_path, store, 1)
         run_daemon(srv.url, db_path, store, 1)  # the same runtime: nothing to say
         assert "runtime changed" not in caplog.text

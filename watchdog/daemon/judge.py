@@ -14,6 +14,7 @@ from typing import Any
 from llm_watchdog.alerts import AlertEvent
 from llm_watchdog.drift import DriftEvent, DriftMonitor, observation_from
 from llm_watchdog.drift.messages import closed_message
+from llm_watchdog.durations import human_ms
 from llm_watchdog.models import GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.records import active_baseline, open_events, save_baseline, save_event
@@ -44,22 +45,53 @@ TITLES = {
 }
 
 
-def alert_for(event: DriftEvent) -> AlertEvent | None:
-    """The alert a drift snapshot raises: opening fires, closing resolves, updates are quiet."""
+def alert_for(event: DriftEvent, target_p95_ms: float | None = None) -> AlertEvent | None:
+    """The alert a drift snapshot raises: opening fires, closing resolves, updates are quiet.
+
+    `target_p95_ms` is the chat TTFT p95 promised to users (`control.target_p95`): a chat
+    slowdown that still keeps it is a warning, one past it critical (see `chat_severity`).
+    """
     kind = ALERT_KIND.get(event.kind)
     if kind is None or event.change == "updated":
         return None
     state = "resolved" if event.change == "closed" else "firing"
+    severity, message = None, event.message
+    fields = event.to_dict()
+    if kind == "chat_slowed" and state == "firing":
+        severity, said = chat_severity(event.peak_p95_ms, target_p95_ms)
+        message += said
+        if target_p95_ms is not None:
+            fields["target_p95_ms"] = target_p95_ms
+    # A resolved alert needs no severity of its own: the policy sends it with its firing
+    # alert's, so that it reaches the same sinks.
     return AlertEvent(
         key=f"drift:{event.id}",
         kind=kind,
         state=state,
         ts=event.end_ts if state == "resolved" and event.end_ts else event.start_ts,
         title=TITLES[kind],
-        message=event.message,
+        message=message,
         cause=event.cause,
-        fields=event.to_dict(),
+        severity=severity,
+        fields=fields,
     )
+
+
+def chat_severity(p95_ms: float | None, target_p95_ms: float | None) -> tuple[str, str]:
+    """The severity of a chat slowdown and the clause that says why.
+
+    Drift is measured against the baseline, but the promise is the target: chat that has
+    slowed yet still answers within it warns rather than pages, so that a page at night
+    always means users wait longer than promised. Without a target or a p95 it stays
+    critical, the kind's default.
+    """
+    if target_p95_ms is None or p95_ms is None:
+        return "critical", ""
+    # Each figure in its own unit: "0.8 s" beside "1.5 s" hides the 20 ms that matter.
+    p95, target = human_ms(p95_ms), human_ms(target_p95_ms)
+    if p95_ms <= target_p95_ms:
+        return "warning", f"; p95 {p95}, within the {target} target"
+    return "critical", f"; p95 {p95}, over the {target} target"
 
 
 # What each failure kind (llm_watchdog.models.ERROR_CLASSES) says about the server, for the
@@ -124,9 +156,17 @@ def telemetry_alert(ev: GpuEvent) -> AlertEvent | None:
 class Judge:
     """One DriftMonitor for the daemon's current fingerprint, persisted and alerting."""
 
-    def __init__(self, store: Store, drift_config: Any, alerts: Any | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        drift_config: Any,
+        alerts: Any | None = None,
+        *,
+        target_p95_ms: float | None = None,
+    ) -> None:
         self.store = store
         self.alerts = alerts
+        self.target_p95_ms = target_p95_ms  # the chat SLO: sets chat_slowed's severity
         self.drift_config = drift_config
         self.monitor = DriftMonitor(drift_config)  # replaced once the fingerprint is known
         self.fingerprint_id: str | None = None
@@ -188,8 +228,8 @@ class Judge:
                 ts=end,
             )
             save_event(self.store, done, fingerprint_id)
-            log.warning("%s", done.message)
-            alert = alert_for(done)
+            log.info("%s", done.message)
+            alert = alert_for(done, self.target_p95_ms)
             if alert is not None and self.alerts is not None:
                 self.alerts.submit(alert)
             closed.append(done)
@@ -272,9 +312,11 @@ class Judge:
     def _publish(self, events: list[DriftEvent]) -> None:
         for ev in events:
             save_event(self.store, ev, self.fingerprint_id)
+            # An event opening or closing is the monitor working as designed, and its alert
+            # carries the severity; the journal's WARNING is for faults of the watchdog.
             if ev.change != "updated":
-                log.warning("%s", ev.message)
-            alert = alert_for(ev)
+                log.info("%s", ev.message)
+            alert = alert_for(ev, self.target_p95_ms)
             if alert is not None and alert.kind == "probes_failing" and alert.state == "firing":
                 alert = failing_alert(alert, self.failures)
             if alert is not None and self.alerts is not None:

@@ -160,7 +160,14 @@ class Daemon:
         self._model_suspect = False
         self.alerts = alerts
         self.judge = (
-            Judge(store, settings.drift_config(), alerts) if settings.drift.enabled else None
+            Judge(
+                store,
+                settings.drift_config(),
+                alerts,
+                target_p95_ms=settings.control.target_p95_s * 1000.0,
+            )
+            if settings.drift.enabled
+            else None
         )
         self.steer = (
             build_steer(settings, store, alerts, clock=clock, monotonic=monotonic)
@@ -308,14 +315,15 @@ class Daemon:
         )
         if self.fingerprint is not None and fp.id != self.fingerprint.id:
             changes = describe_change(self.fingerprint.key_fields(), fp)
-            log.warning("runtime changed: %s", "; ".join(changes) or fp.id)
+            # A new model, driver or launch is re-baselined as designed: news, not a fault.
+            log.info("runtime changed: %s", "; ".join(changes) or fp.id)
         elif self.fingerprint is None:
             # The last run's runtime, if another: its baseline stays with it, and this one
             # learns its own; said, so that a relearning after a restart has a reason.
             last = self.store.latest_fingerprint()
             if last is not None and last.get("id") != fp.id:
                 changes = describe_change(last, fp)
-                log.warning(
+                log.info(
                     "runtime changed since the last run: %s; its baseline stays with it, "
                     "this one is learned anew unless it was seen before",
                     "; ".join(changes) or fp.id,
@@ -468,7 +476,9 @@ class Daemon:
                 onset = self.onset(serving)
                 self.steer.gpu(serving, onset.temp_c if onset else None)
         for ev in events:
-            log.warning("GPU telemetry: %s %s", ev.kind, ev.detail)
+            # A GPU lost or NVML hung loses telemetry; one answering again is the end of that.
+            level = logging.INFO if ev.kind == "gpu_recovered" else logging.WARNING
+            log.log(level, "GPU telemetry: %s %s", ev.kind, ev.detail)
             self.store.record_gpu_event(ev)
             if self.judge is not None:
                 self.judge.gpu_event(ev)

@@ -282,7 +282,9 @@ class Steer:
             record_action(self.store, action_row(action, ts=self.clock()))
 
     def _record_dry(self, action: ControlAction) -> None:
-        log.warning(
+        # A decision as designed: `history --control` keeps it, the journal's WARNING is for
+        # what needs a look.
+        log.info(
             "dry run: would set batch allowance %d -> %d: %s",
             action.allowance_before,
             action.allowance_after,
@@ -310,7 +312,7 @@ class Steer:
         if res.ok:
             self._last_write_s = now_s
             if action.changed:
-                log.warning(
+                log.info(
                     "batch allowance %d -> %d: %s", action.allowance_before, target, action.reason
                 )
                 self._pending = (now_s + self.config.drain_time_s, row_id, target)

@@ -1,0 +1,123 @@
+"""A chat slowdown pages only when chat breaks its target: drifted but within it, it warns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llm_watchdog.alerts.events import AlertEvent
+from llm_watchdog.alerts.manager import AlertManager
+from llm_watchdog.alerts.sinks import BaseSink
+from llm_watchdog.config import settings_from_dict
+from llm_watchdog.daemon.judge import alert_for
+from llm_watchdog.daemon.service import Daemon
+from llm_watchdog.drift import DriftEvent
+from llm_watchdog.store.db import Store
+from tests.helpers.builders import FakeClock
+from tests.helpers.fakenvml import scenario_basic
+from tests.helpers.streamserver import closed_port_url
+
+T0 = 1_796_100_000.0
+OPENED = "Chat slowed under heat: p95 TTFT {p95} vs 400 ms baseline; GPU 86 °C"
+
+
+class MemorySink(BaseSink):
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self.sent: list[AlertEvent] = []
+
+    def send(self, alert: AlertEvent) -> None:
+        self.sent.append(alert)
+
+
+def latency_event(p95_ms: float | None, change: str = "opened") -> DriftEvent:
+    closed = change == "closed"
+    return DriftEvent(
+        id="latency-1796100000000",
+        serial=1,
+        kind="latency",
+        change=change,
+        start_ts=T0,
+        end_ts=T0 + 600 if closed else None,
+        cause="thermal",
+        baseline_p95_ms=400.0,
+        peak_p95_ms=p95_ms,
+        message=("Resolved after 10 min: " if closed else "") + OPENED.format(p95=f"{p95_ms} ms"),
+        ts=T0 + 600 if closed else T0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("p95_ms", "severity", "clause"),
+    [
+        (820.0, "warning", "; p95 820 ms, within the 1.5 s target"),
+        (1500.0, "warning", "; p95 1.5 s, within the 1.5 s target"),
+        (1900.0, "critical", "; p95 1.9 s, over the 1.5 s target"),
+    ],
+)
+def test_severity_follows_the_target_not_the_baseline(p95_ms, severity, clause) -> None:
+    alert = alert_for(latency_event(p95_ms), target_p95_ms=1500.0)
+    assert alert is not None
+    assert (alert.kind, alert.key, alert.severity) == (
+        "chat_slowed",
+        "drift:latency-1796100000000",
+        severity,
+    )
+    assert alert.message.endswith(clause), alert.message
+    assert alert.fields["target_p95_ms"] == 1500.0
+
+
+@pytest.mark.parametrize(("p95_ms", "target_ms"), [(820.0, None), (None, 1500.0)])
+def test_without_a_target_or_a_p95_a_slowdown_stays_critical(p95_ms, target_ms) -> None:
+    event = latency_event(p95_ms)
+    alert = alert_for(event, target_p95_ms=target_ms)
+    assert alert is not None
+    assert alert.severity == "critical"
+    assert alert.message == event.message
+
+
+def test_a_pager_for_critical_hears_neither_end_of_a_slowdown_within_target() -> None:
+    """The resolved alert goes where its firing one went: nowhere, for a warning."""
+    pager = MemorySink("pager", min_severity="critical")
+    chat = MemorySink("chat")
+    with AlertManager([pager, chat], clock=FakeClock(T0)) as manager:
+        for change in ("opened", "closed"):
+            alert = alert_for(latency_event(820.0, change), target_p95_ms=1500.0)
+            assert alert is not None
+            manager.submit(alert)
+        assert manager.flush(5)
+    assert pager.sent == []
+    assert [(a.state, a.severity) for a in chat.sent] == [
+        ("firing", "warning"),
+        ("resolved", "warning"),
+    ]
+
+
+def test_a_slowdown_over_target_pages_and_resolves_on_the_pager() -> None:
+    pager = MemorySink("pager", min_severity="critical")
+    with AlertManager([pager], clock=FakeClock(T0)) as manager:
+        for change in ("opened", "closed"):
+            alert = alert_for(latency_event(1900.0, change), target_p95_ms=1500.0)
+            assert alert is not None
+            manager.submit(alert)
+        assert manager.flush(5)
+    assert [(a.state, a.severity) for a in pager.sent] == [
+        ("firing", "critical"),
+        ("resolved", "critical"),
+    ]
+
+
+def test_the_daemon_judges_chat_against_its_configured_target(db_path) -> None:
+    settings = settings_from_dict(
+        {
+            "server": {"url": closed_port_url()},
+            "storage": {"path": str(db_path)},
+            "control": {"target_p95": "1.5s"},
+        },
+        "test.toml",
+    )
+    with Store(db_path) as store:
+        daemon = Daemon(settings, store, nvml=scenario_basic())
+        assert daemon.judge is not None
+        assert daemon.judge.target_p95_ms == 1500.0

@@ -1,0 +1,80 @@
+"""The daemon's journal at WARNING holds what needs a look: a failed write, not a decision."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from llm_watchdog.actuators.base import ApplyResult, ReadBack, verify_with
+from llm_watchdog.control.law import ControlConfig
+from llm_watchdog.daemon.steer import Steer
+from tests.helpers.builders import FakeClock, probe_result
+
+CFG = ControlConfig(target_p95_ms=100.0, default_allowance=8, drain_time_s=10.0)
+
+
+class Actuator:
+    """A serving layer that keeps what it is told, or refuses every write (`refuse`)."""
+
+    name = "scripted"
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.allowance = 8
+        self.refuse = refuse
+
+    def apply(self, allowance: int, lease_s: float, reason: str) -> ApplyResult:
+        if self.refuse is not None:
+            return ApplyResult(ok=False, allowance=allowance, detail=self.refuse)
+        self.allowance = allowance
+        return ApplyResult(ok=True, allowance=allowance, detail="ok", lease_s=lease_s)
+
+    def read_back(self) -> ReadBack:
+        return ReadBack(allowance=self.allowance, inflight=0)
+
+    def verify(self, expected: int, *, check_inflight: bool = True):
+        return verify_with(self, expected, check_inflight)
+
+    def close(self) -> None:
+        pass
+
+
+def slow_chat(steer: Steer, clock: FakeClock, steps: int = 8) -> None:
+    """Chat at 4x the target: the law cuts the allowance."""
+    for _ in range(steps):
+        for _ in range(3):
+            steer.canary(probe_result(ttft_ms=400.0))
+        clock.now += 5
+        steer.step()
+
+
+def steer_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name.startswith("llm_watchdog.daemon")
+    ]
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["written", "dry-run"])
+def test_a_routine_allowance_decision_logs_at_info(store, caplog, dry_run) -> None:
+    clock = FakeClock(1000.0)
+    actuator = Actuator()
+    steer = Steer(CFG, actuator, store, dry_run=dry_run, clock=clock, monotonic=clock)
+    with caplog.at_level(logging.DEBUG):
+        slow_chat(steer, clock)
+    lines = steer_lines(caplog)
+    said = "dry run: would set batch allowance 8 -> " if dry_run else "batch allowance 8 -> "
+    assert any(level == logging.INFO and line.startswith(said) for level, line in lines), lines
+    assert [line for level, line in lines if level >= logging.WARNING] == []
+    assert (actuator.allowance < 8) is not dry_run
+
+
+def test_a_failed_allowance_write_logs_at_warning(store, caplog) -> None:
+    clock = FakeClock(1000.0)
+    refused = "gateway at http://127.0.0.1:8090 answered 401: check control.token_file"
+    steer = Steer(CFG, Actuator(refuse=refused), store, clock=clock, monotonic=clock)
+    with caplog.at_level(logging.DEBUG):
+        slow_chat(steer, clock)
+    warned = [line for level, line in steer_lines(caplog) if level == logging.WARNING]
+    assert warned and warned[0] == f"could not set the batch allowance: {refused}"
