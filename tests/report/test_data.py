@@ -145,7 +145,9 @@ def test_from_rows_windows_marks_scatter_and_notes() -> None:
 
 def test_empty_span_says_why_and_still_renders() -> None:
     r = from_rows(source="t", since_ts=T0, until_ts=T0 + 600, probes=[], gpu=[])
-    assert any("daemon" in n for n in r.notes) and any("GPU" in n for n in r.notes)
+    # No probes either: a daemon that did not run, not one in latency-only mode.
+    assert r.notes == ["No canary probes in this span: is the daemon running?"]
+    assert not r.latency_only
     page = report_html(r)
     assert "No canary probes" in page and 'data-drawn="0"' in page
     assert Image.open(io.BytesIO(report_png(r))).size[0] == 1050
@@ -153,7 +155,9 @@ def test_empty_span_says_why_and_still_renders() -> None:
 
 def test_the_page_fetches_nothing() -> None:
     probes = [probe(T0 + 10 * i, 100.0) for i in range(30)]
-    page = report_html(from_rows(source="t", since_ts=T0, until_ts=T0 + 300, probes=probes, gpu=[]))
+    samples = [gpu(T0 + 10 * i, 60.0, 1800.0) for i in range(30)]
+    r = from_rows(source="t", since_ts=T0, until_ts=T0 + 300, probes=probes, gpu=samples)
+    page = report_html(r)
     for outside in ("http://", "https://", "<script", "@import", "url("):
         assert outside not in page
     assert page.count('src="data:image/png;base64,') == 4

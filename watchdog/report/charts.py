@@ -7,6 +7,7 @@ drawing makes the HTML page's separate images and the PNG's one tall picture.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -183,6 +184,14 @@ CHARTS: list[tuple[str, Callable[[Axes, Report], bool]]] = [
     ("batch", draw_batch),
     ("scatter", draw_scatter),
 ]
+# The charts that draw NVML's readings: the scatter's x axis is the SM clock.
+GPU_CHARTS = frozenset({"gpu", "scatter"})
+
+
+def charts_for(r: Report) -> list[tuple[str, Callable[[Axes, Report], bool]]]:
+    """The charts a report draws: all of them, less the GPU charts in latency-only mode,
+    where they could only be empty frames (the report's note says why once)."""
+    return [(name, draw) for name, draw in CHARTS if not (r.latency_only and name in GPU_CHARTS)]
 
 
 def _png(fig: Figure) -> bytes:
@@ -195,20 +204,36 @@ def _png(fig: Figure) -> bytes:
 def chart_pngs(r: Report) -> list[tuple[str, bytes, bool]]:
     """(id, PNG bytes, drawn) per chart, each WIDTH_IN × HEIGHT_IN inches at DPI."""
     out = []
-    for name, draw in CHARTS:
+    for name, draw in charts_for(r):
         fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
         drawn = draw(fig.add_subplot(), r)
         out.append((name, _png(fig), drawn))
     return out
 
 
+# A note's lines in the PNG: 10 pt DejaVu Sans runs about 7.4 px a character at 100 dpi,
+# so 135 characters leave a margin in the 1050 px picture.
+NOTE_CHARS, NOTE_LINE_IN = 135, 0.2
+
+
 def report_png(r: Report) -> bytes:
-    """Every chart in one tall picture, with the source and span as its title."""
-    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN * len(CHARTS) + 0.5), layout="constrained")
-    fig.suptitle(f"llm-watchdog report: {r.source}, {_span(r)}", fontsize=10)
-    for ax, (_, draw) in zip(fig.subplots(len(CHARTS), 1), CHARTS, strict=True):
+    """`report_figure` as PNG bytes."""
+    return _png(report_figure(r))
+
+
+def report_figure(r: Report) -> Figure:
+    """Every chart in one tall picture, with the source and span as its title and the
+    report's notes under it (the picture has no page around it to say them)."""
+    charts = charts_for(r)
+    notes = [line for note in r.notes for line in textwrap.wrap(note, NOTE_CHARS)]
+    height = HEIGHT_IN * len(charts) + 0.5 + NOTE_LINE_IN * len(notes)
+    fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
+    title = "\n".join([f"llm-watchdog report: {r.source}, {_span(r)}", *notes])
+    fig.suptitle(title, fontsize=10)
+    axes = fig.subplots(len(charts), 1, squeeze=False)[:, 0]
+    for ax, (_, draw) in zip(axes, charts, strict=True):
         draw(ax, r)
-    return _png(fig)
+    return fig
 
 
 def _span(r: Report) -> str:

@@ -65,6 +65,10 @@ class Report:
     scatter: list[tuple[float, float, float]] = field(default_factory=list)
     headroom: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Canaries and no GPU telemetry at all: a daemon without NVML, or without an NVIDIA GPU.
+    # The GPU charts are left out and NO_GPU_NOTE says why. A span with neither is a daemon
+    # that did not run, and keeps its empty charts.
+    latency_only: bool = False
 
     def summary(self) -> dict[str, Any]:
         p95 = [v for v in self.ttft_p95_ms.values if v is not None]
@@ -125,6 +129,13 @@ def ttft_windows(
         p95.add(mid, nearest_rank(values, 0.95))
     return p50, p95
 
+
+# Said once, at the top of a latency-only report, in place of GPU charts with nothing in them.
+NO_GPU_NOTE = (
+    "No GPU telemetry was recorded in this span (latency-only mode: no NVML, or no NVIDIA "
+    "GPU). Chat latency is shown, but a slowdown cannot be put down to heat or the power cap: "
+    "nothing measured the card's temperature, clocks or power. GPU charts are left out."
+)
 
 HEAT, POWER = "heat", "power cap"  # the two kinds of throttle a period is of
 
@@ -239,8 +250,9 @@ def from_rows(
     report.headroom = list(headroom)
     if not probes:
         report.notes.append("No canary probes in this span: is the daemon running?")
-    if not gpu:
-        report.notes.append("No GPU samples in this span (latency-only mode or no GPU).")
+    if probes and not gpu:
+        report.latency_only = True
+        report.notes.append(NO_GPU_NOTE)
     return report
 
 

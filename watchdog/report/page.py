@@ -34,13 +34,23 @@ CAPTIONS = {
 }
 
 
-def chart_boxes() -> dict[str, tuple[int, int, int, int]]:
-    """Where each chart's image lies on the page, in CSS pixels."""
+def chart_boxes(
+    names: list[str] | None = None, header_px: int = HEADER_PX
+) -> dict[str, tuple[int, int, int, int]]:
+    """Where each chart's image lies on the page, in CSS pixels (all of CHARTS by default)."""
     boxes = {}
-    for i, (name, _) in enumerate(CHARTS):
-        top = HEADER_PX + i * (CHART_H_PX + GAP_PX)
+    for i, name in enumerate(names if names is not None else [n for n, _ in CHARTS]):
+        top = header_px + i * (CHART_H_PX + GAP_PX)
         boxes[name] = (LEFT_PX, top, CHART_W_PX, CHART_H_PX)
     return boxes
+
+
+# Room in the header for each note: two lines of 14 px text at the charts' width.
+NOTE_PX = 44
+
+
+# The facts that come from NVML's readings, left out where there were none.
+GPU_FACTS = frozenset({"peak temperature", "time slowed by heat", "at the power cap"})
 
 
 def _fmt_ts(ts: float) -> str:
@@ -69,9 +79,11 @@ def _cell(v: Any) -> str:
 
 
 def report_html(r: Report) -> str:
-    boxes = chart_boxes()
+    header_px = HEADER_PX + NOTE_PX * len(r.notes)
+    pngs = chart_pngs(r)
+    boxes = chart_boxes([name for name, _, _ in pngs], header_px)
     figures = []
-    for name, png, drawn in chart_pngs(r):
+    for name, png, drawn in pngs:
         x, y, w, h = boxes[name]
         data = base64.b64encode(png).decode()
         figures.append(
@@ -81,7 +93,7 @@ def report_html(r: Report) -> str:
             f'src="data:image/png;base64,{data}"><figcaption>{html.escape(CAPTIONS[name])}'
             "</figcaption></figure>"
         )
-    tables_top = HEADER_PX + len(CHARTS) * (CHART_H_PX + GAP_PX) + 20
+    tables_top = header_px + len(pngs) * (CHART_H_PX + GAP_PX) + 20
     s = r.summary()
     facts = [
         ("worst window p95", _ms(s["worst_p95_ms"])),
@@ -93,6 +105,9 @@ def report_html(r: Report) -> str:
         ("drift events", str(s["drift_events"])),
         ("control actions", str(s["control_actions"])),
     ]
+    if r.latency_only:
+        # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
+        facts = [f for f in facts if f[0] not in GPU_FACTS]
     fact_html = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in r.notes)
     drift_rows = [
@@ -109,7 +124,7 @@ def report_html(r: Report) -> str:
 <style>
 body {{ margin:0; font:14px/1.4 system-ui, sans-serif; color:#222; background:#fff; }}
 header {{ position:absolute; left:{LEFT_PX}px; top:0; width:{CHART_W_PX}px;
-  height:{HEADER_PX - 10}px; overflow:hidden; }}
+  height:{header_px - 10}px; overflow:hidden; }}
 h1 {{ font-size:20px; margin:14px 0 4px; }} h2 {{ font-size:16px; margin:18px 0 6px; }}
 .chart {{ position:absolute; margin:0; }} .chart img {{ display:block; }}
 figcaption {{ font-size:12px; color:#555; }}

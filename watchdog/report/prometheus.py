@@ -14,7 +14,16 @@ from typing import Any
 import httpx
 
 from llm_watchdog.errors import WatchdogError
-from llm_watchdog.report.data import HEAT, POWER, Mark, Period, Report, Series, window_s
+from llm_watchdog.report.data import (
+    HEAT,
+    NO_GPU_NOTE,
+    POWER,
+    Mark,
+    Period,
+    Report,
+    Series,
+    window_s,
+)
 
 HEAT_REASONS = "sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown"
 POWER_REASONS = "sw_power_cap|hw_power_brake_slowdown"
@@ -188,6 +197,9 @@ def _report(
         c = clock.get(ts)
         if v is not None and c is not None:
             report.scatter.append((c, v, inflight.get(ts) or 0.0))
+    if report.ttft_p95_ms and not report.temp_c and not report.sm_clock_mhz:
+        report.latency_only = True
+        report.notes.append(NO_GPU_NOTE)
     if not report.ttft_p95_ms and not report.temp_c:
         where = f"instance {instance!r}" if instance else "any instance"
         report.notes.append(
