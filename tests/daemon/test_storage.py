@@ -4,17 +4,20 @@ database deleted or replaced under it is an alert and exit code 1."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llm_watchdog.alerts import AlertEvent
+from llm_watchdog.alerts import AlertConfig, AlertEvent, AlertManager
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.daemon.storage import StorageHealth
+from llm_watchdog.errors import StorageError
 from llm_watchdog.store.db import Store
+from tests.daemon.test_start_up import RecordingSink
 from tests.helpers.fakenvml import scenario_basic
 from tests.helpers.streamserver import StreamServer
 
@@ -118,3 +121,127 @@ def test_a_deleted_database_stops_the_daemon_with_exit_code_1(db_path: Path) -> 
     assert daemon.exit_code == 1 and daemon.should_exit.is_set()
     assert [a.kind for a in alerts.sent] == ["storage_failing"]
     assert "was deleted while in use" in alerts.sent[0].message
+
+
+# ---- the storage alert over a restart -------------------------------------------------------
+
+
+def storage_alerts(sink: RecordingSink) -> list[tuple[str, str]]:
+    return [(a.state, a.key) for a in sink.sent if a.kind == "storage_failing"]
+
+
+def history(store: Store) -> list[tuple[str, str, int]]:
+    rows = store.rows(
+        "SELECT state, key, ok FROM alerts WHERE kind = 'storage_failing' ORDER BY ts, id"
+    )
+    return [(r["state"], r["key"], r["ok"]) for r in rows]
+
+
+def alerting_daemon(url: str, db_path: Path, store: Store, sink: RecordingSink):
+    manager = AlertManager([sink], store, AlertConfig(tick_interval_s=None))
+    daemon = Daemon(settings_for(url, db_path), store, nvml=scenario_basic(), alerts=manager)
+    daemon.startup()
+    return daemon, manager
+
+
+def stop(daemon: Daemon, manager: AlertManager) -> None:
+    daemon.shutdown(timeout_s=2)
+    assert manager.flush(5)
+    manager.close()
+
+
+def fill_the_disk(store: Store, *, alerts_too: bool = False) -> None:
+    """A database file that may not grow. `alerts_too`: and whose `alerts` pages are full
+    (rows of another kind), so that even an alert's small row fails."""
+    pages = store.rows("PRAGMA page_count")[0]["page_count"]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    if not alerts_too:
+        return
+    for size in (1000, 100, 10, 0):
+        with contextlib.suppress(StorageError):
+            while True:
+                store.insert(
+                    "alerts",
+                    {"ts": 0.0, "key": "filler", "kind": "filler", "state": "firing"}
+                    | {"severity": "info", "sink": "none", "ok": 0, "attempts": 0, "final": 1}
+                    | {"title": "", "message": "x" * size},
+                )
+
+
+def test_a_storage_alert_fired_before_a_restart_resolves_after_it(db_path: Path) -> None:
+    sink = RecordingSink()
+    with StreamServer(answer="Paris") as srv:
+        with Store(db_path) as store:
+            daemon, manager = alerting_daemon(srv.url, db_path, store, sink)
+            try:
+                probe = daemon._guarded("probe", daemon.probe_once)
+                probe()
+                fill_the_disk(store)
+                for _ in range(40):
+                    probe()
+            finally:
+                stop(daemon, manager)  # stopped while the disk is still full
+        ((state, key),) = storage_alerts(sink)
+        assert state == "firing"
+        assert (db_path.parent / (db_path.name + ".storage-alert")).exists()
+        # Restarted, and the disk has room again (a new connection has no page limit).
+        with Store(db_path) as store:
+            daemon, manager = alerting_daemon(srv.url, db_path, store, sink)
+            try:
+                daemon._guarded("probe", daemon.probe_once)()
+            finally:
+                stop(daemon, manager)
+            rows = history(store)
+    assert storage_alerts(sink) == [("firing", key), ("resolved", key)]
+    assert sink.sent[-1].message.startswith("storage writes again after ")
+    assert "before a restart" in sink.sent[-1].message
+    # The history says when storage failed and when it came back.
+    assert rows == [("firing", key, 1), ("resolved", key, 1)]
+    assert not (db_path.parent / (db_path.name + ".storage-alert")).exists()
+
+
+def test_a_storage_failure_and_its_recovery_in_one_run_are_both_in_the_history(
+    db_path: Path,
+) -> None:
+    sink = RecordingSink()
+    with StreamServer(answer="Paris") as srv, Store(db_path) as store:
+        daemon, manager = alerting_daemon(srv.url, db_path, store, sink)
+        try:
+            probe = daemon._guarded("probe", daemon.probe_once)
+            probe()
+            fill_the_disk(store, alerts_too=True)
+            for _ in range(40):
+                probe()
+            assert manager.flush(5)
+            assert history(store) == []  # the firing alert went out; its row could not
+            store.db.execute("PRAGMA max_page_count = 1073741823")
+            probe()
+        finally:
+            stop(daemon, manager)
+        rows = history(store)
+    ((_, key), _) = storage_alerts(sink)
+    assert rows == [("firing", key, 1), ("resolved", key, 1)]
+
+
+def test_the_alert_of_a_deleted_database_resolves_on_the_new_one(db_path: Path) -> None:
+    sink = RecordingSink()
+    with StreamServer(answer="Paris") as srv:
+        with Store(db_path, exclusive=True) as store:
+            daemon, manager = alerting_daemon(srv.url, db_path, store, sink)
+            try:
+                db_path.unlink()
+                assert daemon.check_database_file() is False
+            finally:
+                stop(daemon, manager)
+        ((state, key),) = storage_alerts(sink)
+        assert state == "firing" and key.startswith("storage:file:")
+        # systemd restarts the watchdog onto a new, empty database at the same path.
+        with Store(db_path, exclusive=True) as store:
+            daemon, manager = alerting_daemon(srv.url, db_path, store, sink)
+            try:
+                daemon._guarded("probe", daemon.probe_once)()
+            finally:
+                stop(daemon, manager)
+            rows = history(store)
+    assert storage_alerts(sink) == [("firing", key), ("resolved", key)]
+    assert rows == [("firing", key, 1), ("resolved", key, 1)]

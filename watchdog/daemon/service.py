@@ -28,14 +28,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from llm_watchdog.actuators.base import Actuator
 from llm_watchdog.actuators.command import CommandActuator
 from llm_watchdog.actuators.haproxy import HaproxyActuator
-from llm_watchdog.alerts import AlertConfigError, AlertManager, LogSink, load_alerts
+from llm_watchdog.alerts import AlertConfigError, AlertEvent, AlertManager, LogSink, load_alerts
+from llm_watchdog.alerts.manager import attempt_row
 from llm_watchdog.config import Settings
 from llm_watchdog.daemon.api import ApiServer, ProbeMetrics
 from llm_watchdog.daemon.judge import Judge
 from llm_watchdog.daemon.memory import release_free_memory
 from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.daemon.steer import Steer, gateway_steer
-from llm_watchdog.daemon.storage import Say, StorageHealth
+from llm_watchdog.daemon.storage import OwedAlerts, Say, StorageHealth
 from llm_watchdog.drift import classify_cold
 from llm_watchdog.errors import EXIT_FAILURE, ConfigError, StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
@@ -192,6 +193,7 @@ class Daemon:
         self.first_probe = threading.Event()
         self.reload_requested = threading.Event()
         self.storage = StorageHealth(store.path)
+        self.owed_storage = OwedAlerts.beside(store.path)
         self._storage_lock = threading.Lock()
         self.exit_code = 0  # what `run` exits with once serve() returns
 
@@ -211,7 +213,39 @@ class Daemon:
                     )
                 )
             self.learner = SlowdownLearner(learned_thresholds(self.store))
+        self.carry_storage_alerts()
         self.refresh_identity()
+
+    def carry_storage_alerts(self) -> None:
+        """Carry on the storage alerts an earlier run fired and did not resolve (it stopped,
+        or exited on a deleted database, while storage failed): the first write of this run
+        that goes through resolves them, to the sinks that got them."""
+        owed = self.owed_storage.load()
+        if not owed:
+            return
+        resume = getattr(self.alerts, "resume", None)
+        if resume is not None:
+            resume(
+                {
+                    "key": a.key,
+                    "kind": a.kind,
+                    "severity": a.severity,
+                    "sink": sink,
+                    "title": a.title,
+                    "message": a.message,
+                    "sent_ts": a.ts,
+                    "start_ts": a.ts,
+                    "cause": a.cause,
+                }
+                for a, sinks in owed
+                for sink in sinks
+            )
+        self.storage.carry(min((a for a, _ in owed), key=lambda a: a.ts))
+        log.info(
+            "carrying on the storage alert %s from before the restart: resolved at the first "
+            "write that goes through",
+            ", ".join(a.key for a, _ in owed),
+        )
 
     def refresh_identity(self) -> None:
         """Re-read what serves the probes; a change of identity is a cold start."""
@@ -529,11 +563,46 @@ class Daemon:
     def _say(self, say: Say, level: int) -> None:
         if say.log_line:
             log.log(level, "%s", say.log_line)
-        if say.alert is not None and self.alerts is not None:
-            try:
-                self.alerts.submit(say.alert)
-            except Exception as exc:  # alerting must not take the daemon down
-                log.warning("cannot send the storage alert: %s", exc)
+        alert = say.alert
+        if alert is None or self.alerts is None:
+            return
+        if alert.state == "resolved":
+            self._resolve_storage_alerts(alert)
+            return
+        self._send_storage_alert(alert)
+        sinks = [s.name for s in getattr(self.alerts, "sinks", ()) if s.accepts(alert)]
+        self.owed_storage.add(alert, sinks)
+
+    def _send_storage_alert(self, alert: AlertEvent) -> None:
+        assert self.alerts is not None
+        try:
+            self.alerts.submit(alert)
+        except Exception as exc:  # alerting must not take the daemon down
+            log.warning("cannot send the storage alert: %s", exc)
+
+    def _resolve_storage_alerts(self, resolved: AlertEvent) -> None:
+        """Resolve every owed storage alert, after writing the firing rows the history lacks:
+        those failed to be written, or went to a database since deleted."""
+        owed = self.owed_storage.clear()
+        for firing, sinks in owed:
+            self._record_firing(firing, sinks)
+        keys = dict.fromkeys([resolved.key, *(a.key for a, _ in owed)])
+        for key in keys:
+            self._send_storage_alert(replace(resolved, key=key))
+
+    def _record_firing(self, firing: AlertEvent, sinks: list[str]) -> None:
+        try:
+            if self.store.rows(
+                "SELECT 1 FROM alerts WHERE key = ? AND state = 'firing' LIMIT 1", [firing.key]
+            ):
+                return
+            for sink in sinks:
+                # Queued to this sink; whether it got through went unrecorded with the row.
+                self.store.insert(
+                    "alerts", attempt_row(firing, sink, firing.ts, ok=True, attempts=1)
+                )
+        except Exception as exc:
+            log.warning("cannot write the storage alert %s into the history: %s", firing.key, exc)
 
     def check_database_file(self) -> bool:
         """Exit (code 1, for systemd to restart) when the database was deleted or replaced
