@@ -10,9 +10,9 @@ from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager
 from llm_watchdog.alerts.sinks import BaseSink
 from llm_watchdog.config import settings_from_dict
-from llm_watchdog.daemon.judge import alert_for
+from llm_watchdog.daemon.judge import Judge, alert_for
 from llm_watchdog.daemon.service import Daemon
-from llm_watchdog.drift import DriftEvent
+from llm_watchdog.drift import DriftConfig, DriftEvent
 from llm_watchdog.store.db import Store
 from tests.helpers.builders import FakeClock
 from tests.helpers.fakenvml import scenario_basic
@@ -121,3 +121,54 @@ def test_the_daemon_judges_chat_against_its_configured_target(db_path) -> None:
         daemon = Daemon(settings, store, nvml=scenario_basic())
         assert daemon.judge is not None
         assert daemon.judge.target_p95_ms == 1500.0
+
+
+class Submitted:
+    """The part of AlertManager the judge uses."""
+
+    def __init__(self) -> None:
+        self.sent: list[AlertEvent] = []
+
+    def submit(self, alert: AlertEvent) -> None:
+        self.sent.append(alert)
+
+
+def test_a_slowdown_that_opens_within_target_pages_once_it_passes_it(store: Store) -> None:
+    # Updates of an event send nothing; a slowdown that opens as a warning and then grows
+    # past the target must still reach a pager set to critical, once, and resolve there.
+    alerts = Submitted()
+    judge = Judge(store, DriftConfig(), alerts, target_p95_ms=1500.0)
+    judge._publish([latency_event(820.0)])
+    judge._publish([latency_event(1200.0, "updated")])  # still within: nothing
+    judge._publish([latency_event(1900.0, "updated")])  # past it: the page
+    judge._publish([latency_event(2400.0, "updated")])  # paged already
+    judge._publish([latency_event(2400.0, "closed")])
+    assert [(a.key.removeprefix("drift:"), a.state) for a in alerts.sent] == [
+        ("latency-1796100000000", "firing"),
+        ("latency-1796100000000:over_target", "firing"),
+        ("latency-1796100000000", "resolved"),
+        ("latency-1796100000000:over_target", "resolved"),
+    ]
+    assert [a.severity for a in alerts.sent[:2]] == ["warning", "critical"]
+    assert alerts.sent[1].message.endswith("; now p95 1.9 s, over the 1.5 s target")
+    pager = MemorySink("pager", min_severity="critical")
+    with AlertManager([pager], clock=FakeClock(T0)) as manager:
+        for alert in alerts.sent:
+            manager.submit(alert)
+        assert manager.flush(5)
+    assert [(a.state, a.severity) for a in pager.sent] == [
+        ("firing", "critical"),
+        ("resolved", "critical"),
+    ]
+
+
+def test_a_slowdown_opened_over_target_pages_once(store: Store) -> None:
+    alerts = Submitted()
+    judge = Judge(store, DriftConfig(), alerts, target_p95_ms=1500.0)
+    for p95, change in ((1900.0, "opened"), (2500.0, "updated"), (2500.0, "closed")):
+        judge._publish([latency_event(p95, change)])
+    assert [(a.key, a.state) for a in alerts.sent] == [
+        ("drift:latency-1796100000000", "firing"),
+        ("drift:latency-1796100000000", "resolved"),
+    ]
+    assert alerts.sent[0].severity == "critical"

@@ -173,6 +173,10 @@ class Judge:
         # (error class, url) of the latest failed probes, as many as the failure window.
         self.failures: deque[tuple[str, str]] = deque(maxlen=drift_config.fail_window)
         self._answered: set[int | None] = set()  # GPUs (None: NVML) read since start
+        # Chat slowdowns this run saw open within the target (a warning), and those of them
+        # whose p95 has since passed it (paged once, as critical, under their own key).
+        self._within: set[str] = set()
+        self._over: set[str] = set()
 
     def set_fingerprint(self, fingerprint_id: str, ts: float) -> list[DriftEvent]:
         """Judge against the baseline of this runtime; a change of runtime re-baselines."""
@@ -321,3 +325,56 @@ class Judge:
                 alert = failing_alert(alert, self.failures)
             if alert is not None and self.alerts is not None:
                 self.alerts.submit(alert)
+            over = self._past_target(ev, alert)
+            if over is not None and self.alerts is not None:
+                self.alerts.submit(over)
+
+    def _past_target(self, ev: DriftEvent, alert: AlertEvent | None) -> AlertEvent | None:
+        """The page for a chat slowdown that opened within the target and has since passed
+        it, and its resolution when the slowdown ends.
+
+        Updates of an event send nothing, so without this a slowdown that opens as a warning
+        and grows past the target would never reach a pager set to critical. It fires once,
+        under its own key; a slowdown opened before a restart is not followed (its opening
+        severity is not known to this run).
+        """
+        if ALERT_KIND.get(ev.kind) != "chat_slowed" or self.target_p95_ms is None:
+            return None
+        key = f"drift:{ev.id}:over_target"
+        if ev.change == "opened":
+            if alert is not None and alert.level == "warning":
+                self._within.add(ev.id)
+            return None
+        if ev.change == "closed":
+            self._within.discard(ev.id)
+            if ev.id not in self._over:
+                return None
+            self._over.discard(ev.id)
+            return AlertEvent(
+                key=key,
+                kind="chat_slowed",
+                state="resolved",
+                ts=ev.end_ts or ev.ts,
+                title=TITLES["chat_slowed"],
+                message=ev.message,
+                cause=ev.cause,
+                fields=ev.to_dict(),
+            )
+        peak = ev.peak_p95_ms
+        if ev.id not in self._within or ev.id in self._over or peak is None:
+            return None
+        if peak <= self.target_p95_ms:
+            return None
+        self._over.add(ev.id)
+        _, said = chat_severity(peak, self.target_p95_ms)
+        return AlertEvent(
+            key=key,
+            kind="chat_slowed",
+            state="firing",
+            ts=ev.ts,
+            title=TITLES["chat_slowed"],
+            message=f"{ev.message}; now{said.removeprefix(';')}",
+            cause=ev.cause,
+            severity="critical",
+            fields=dict(ev.to_dict(), target_p95_ms=self.target_p95_ms),
+        )
