@@ -172,3 +172,22 @@ def test_a_slowdown_opened_over_target_pages_once(store: Store) -> None:
         ("drift:latency-1796100000000", "resolved"),
     ]
     assert alerts.sent[0].severity == "critical"
+
+
+class Carried(Submitted):
+    def __init__(self, carried: list[str]) -> None:
+        super().__init__()
+        self.carried_keys = carried
+
+
+def test_a_page_past_the_target_from_an_earlier_run_resolves_with_its_slowdown(
+    store: Store,
+) -> None:
+    key = "drift:latency-1796100000000:over_target"
+    alerts = Carried([key])
+    judge = Judge(store, DriftConfig(), alerts, target_p95_ms=1500.0)
+    judge._publish([latency_event(2400.0, "closed")])
+    assert [(a.key, a.state) for a in alerts.sent] == [
+        ("drift:latency-1796100000000", "resolved"),
+        (key, "resolved"),
+    ]

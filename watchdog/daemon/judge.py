@@ -236,6 +236,9 @@ class Judge:
             alert = alert_for(done, self.target_p95_ms)
             if alert is not None and self.alerts is not None:
                 self.alerts.submit(alert)
+                over = self._past_target(done, None)  # its page past the target ends too
+                if over is not None:
+                    self.alerts.submit(over)
             closed.append(done)
         return closed
 
@@ -347,7 +350,9 @@ class Judge:
             return None
         if ev.change == "closed":
             self._within.discard(ev.id)
-            if ev.id not in self._over:
+            # Paged by this run, or by an earlier one whose alert manager carried it over.
+            carried = key in getattr(self.alerts, "carried_keys", ())
+            if ev.id not in self._over and not carried:
                 return None
             self._over.discard(ev.id)
             return AlertEvent(
