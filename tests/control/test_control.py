@@ -665,6 +665,77 @@ def test_surge_detector_waits_for_history() -> None:
     assert d.add(10.0, 30, 5.0) is False  # 20 s of history only
 
 
+def poisson_surges(
+    d: SurgeDetector, rates: list[tuple[float, float]], seed: int
+) -> list[tuple[float, bool]]:
+    """Feed `d` Poisson arrivals in 5-s steps, at rate r from time t on for each (t, r), up
+    to the last t; returns (time, surging) for every step."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out, t = [], 0.0
+    while t < rates[-1][0]:
+        t += 5.0
+        rate = next(r for at, r in reversed(rates) if t > at)
+        out.append((t, d.add(t, int(rng.poisson(rate * 5.0)), 5.0)))
+    return out
+
+
+def detector(level_minutes: int) -> SurgeDetector:
+    return SurgeDetector(
+        ratio=2.0,
+        window_s=10.0,
+        slow_s=600.0,
+        z=3.0,
+        min_count=6,
+        warmup_s=60.0,
+        confirm=3,
+        level_minutes=level_minutes,
+    )
+
+
+def test_a_rate_that_steps_up_and_stays_becomes_the_usual_within_minutes() -> None:
+    # Chat steps from 0.1 to 0.3/s and then 0.6/s and stays (a team arriving): the slow EWMA
+    # lags each step for tens of minutes, and chance clusters over the lagging rate read as
+    # surges (team-arrives-long-outputs: 23 sheds); the median of the last five minutes
+    # follows a step once it has held for three of them.
+    rates = [(0.0, 0.1), (900.0, 0.3), (1800.0, 0.6), (3600.0, 0.6)]
+
+    def settled_surge_s(level_minutes: int) -> float:
+        return sum(
+            5.0
+            for seed in range(20)
+            for t, on in poisson_surges(detector(level_minutes), rates, seed)
+            if on and (1080.0 <= t < 1800.0 or 1980.0 <= t < 3600.0)
+        )
+
+    lagging, following = settled_surge_s(0), settled_surge_s(5)
+    assert lagging >= 200.0
+    assert following <= lagging / 5
+
+
+def test_a_burst_of_a_minute_or_two_stays_a_surge_from_start_to_end() -> None:
+    # The median of five minutes is not moved by a burst that fills two of them: a 4× burst
+    # of 120 s is one surge, seen within seconds of its start and held to near its end.
+    for seed in range(10):
+        steps = poisson_surges(
+            detector(5), [(0.0, 0.35), (600.0, 1.4), (720.0, 0.35), (900.0, 0.35)], seed
+        )
+        on = [t for t, surging in steps if surging]
+        assert 600.0 < on[0] <= 640.0 and on[-1] >= 710.0, (on[0], on[-1])
+        assert on == [t for t, _ in steps if on[0] <= t <= on[-1]], "split in two"
+
+
+def test_the_level_waits_for_its_minutes() -> None:
+    d = detector(5)
+    for i in range(1, 49):  # four minutes of 1/s
+        d.add(5.0 * i, 5, 5.0)
+    assert d.level() is None
+    for i in range(49, 61):
+        d.add(5.0 * i, 5, 5.0)
+    assert d.level() == pytest.approx(1.0)
+
+
 # -- estimators --------------------------------------------------------------------------
 
 

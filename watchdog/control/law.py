@@ -181,6 +181,9 @@ class ControlConfig:
     grow_to_demand: bool = True  # never grow past batch in flight + queued (where known)
     max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
+    # The usual arrival rate is at least the median of the last this many one-minute rates
+    # (0: the EWMA alone): chat that steps up and stays is the usual within minutes.
+    surge_level_minutes: int = 5
     surge_cap_retest_s: float = 1200.0  # a surge cap whose conditions are gone this long goes
     # A surge cap learned under a thermal slowdown bit holds growth only while a bit is set: a
     # surge missed on a card at a third of its clock says nothing of the card once it is cool.
@@ -304,6 +307,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         grow_to_demand=False,
         max_grows_per_h=0.0,
         surge_heat_factor=1.0,
+        surge_level_minutes=0,
         surge_cap_retest_s=0.0,
         surge_cap_hot_only=False,
         surge_cap_quiet_retest=False,
@@ -421,6 +425,7 @@ class AllowanceController:
             min_count=c.surge_min_count,
             warmup_s=c.surge_warmup_s,
             confirm=c.surge_confirm,
+            level_minutes=c.surge_level_minutes,
         )
         self.surge_base: int | None = None  # the level when the current surge was confirmed
         self.surge_onset = 0  # the highest level in the lookback before it was confirmed

@@ -74,7 +74,9 @@ class SurgeDetector:
     window in 700), and not tiny (`min_count`). It ends when the ratio falls under halfway
     between 1 and `ratio` (for `confirm` calls in a row). The usual rate keeps learning
     during a surge, so a surge much longer than `slow_s` becomes the new usual; none is
-    called before `warmup_s` of history.
+    called before `warmup_s` of history. With `level_minutes`, the usual rate is at least the
+    median of the last that many one-minute rates: a step up that holds for over half of them
+    is the usual from then on, where the EWMA would take tens of minutes.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class SurgeDetector:
         min_count: int,
         warmup_s: float,
         confirm: int = 1,
+        level_minutes: int = 0,
     ) -> None:
         self.ratio = ratio
         self.window_s = window_s
@@ -102,6 +105,16 @@ class SurgeDetector:
         self.low_streak = 0
         self.surging = False
         self.last_ratio = 0.0
+        self.level_minutes = level_minutes
+        self.minutes: deque[float] = deque(maxlen=max(level_minutes, 1))  # rates, oldest first
+        self.minute_count = 0
+        self.minute_s = 0.0
+
+    def level(self) -> float | None:
+        """The median of the last `level_minutes` one-minute rates; None until that many."""
+        if self.level_minutes <= 0 or len(self.minutes) < self.level_minutes:
+            return None
+        return sorted(self.minutes)[len(self.minutes) // 2]
 
     def add(self, now_s: float, count: int, dt_s: float) -> bool:
         """Count the arrivals of the last `dt_s` seconds; True while a surge lasts."""
@@ -113,8 +126,20 @@ class SurgeDetector:
         n = sum(k for _, k, _ in self.recent)
         span = sum(d for _, _, d in self.recent)
         usual = self.usual.rate
+        level = self.level()
+        if level is not None and usual is not None:
+            # A rate that stepped up and has held for most of the last minutes is the usual
+            # now; the EWMA takes tens of minutes to follow it, and every chance cluster over
+            # its lagging rate would read as a surge (team-arrives-long-outputs: 23 sheds). A
+            # burst that fills under half of the minutes leaves the median where it was.
+            usual = max(usual, level)
         expected = (usual or 0.0) * span
         self.usual.add(count, dt_s)
+        self.minute_count += count
+        self.minute_s += dt_s
+        if self.minute_s >= 60.0:
+            self.minutes.append(self.minute_count / self.minute_s)
+            self.minute_count, self.minute_s = 0, 0.0
         self.last_ratio = n / expected if expected > 0 else 0.0
         if self.usual.seen_s < self.warmup_s or expected <= 0:
             self.surging = False

@@ -97,6 +97,7 @@ ADDITIONS = (
     "grow_to_demand",
     "max_grows_per_h",
     "surge_heat_factor",
+    "surge_level_minutes",
     "surge_cap_retest_s",
     "headroom",
     "cut_memory_s",
