@@ -205,13 +205,17 @@ class Daemon:
         self.heartbeat.start()
         if self.gpu_enabled:
             if not self.reader.start():
-                self.store.record_gpu_event(
+                # The reader's own event says why (no library, no GPU, a hung driver); taken
+                # here, it is stored once, not again by the first GPU job.
+                _, said = self.reader.sample()
+                for event in said or [
                     GpuEvent(
                         ts=self.clock(),
                         kind="nvml_unavailable",
                         detail="no NVIDIA driver or NVML library: latency-only mode",
                     )
-                )
+                ]:
+                    self.store.record_gpu_event(event)
             self.learner = SlowdownLearner(learned_thresholds(self.store))
         self.carry_storage_alerts()
         self.refresh_identity()
