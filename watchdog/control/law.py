@@ -182,8 +182,10 @@ class ControlConfig:
     max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
     # The usual arrival rate is at least the median of the last this many one-minute rates
-    # (0: the EWMA alone): chat that steps up and stays is the usual within minutes.
-    surge_level_minutes: int = 5
+    # (0: the EWMA alone): chat that steps up and stays is the usual within minutes. Off:
+    # fewer changes and more batch where chat steps up, but more missed windows at unseen
+    # seeds (docs/control.md, "Surges").
+    surge_level_minutes: int = 0
     surge_cap_retest_s: float = 1200.0  # a surge cap whose conditions are gone this long goes
     # A surge cap learned under a thermal slowdown bit holds growth only while a bit is set: a
     # surge missed on a card at a third of its clock says nothing of the card once it is cool.
