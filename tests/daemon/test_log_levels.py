@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from llm_watchdog.actuators.base import ApplyResult, ReadBack, verify_with
+from llm_watchdog.actuators.base import ActuatorError, ApplyResult, ReadBack, verify_with
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.daemon.steer import Steer
 from tests.helpers.builders import FakeClock, probe_result
@@ -78,3 +78,50 @@ def test_a_failed_allowance_write_logs_at_warning(store, caplog) -> None:
         slow_chat(steer, clock)
     warned = [line for level, line in steer_lines(caplog) if level == logging.WARNING]
     assert warned and warned[0] == f"could not set the batch allowance: {refused}"
+
+
+class Unreachable(Actuator):
+    """A gateway that stops answering reads, then answers again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down: str | None = None
+
+    def read_back(self) -> ReadBack:
+        if self.down is not None:
+            raise ActuatorError(self.down)
+        return super().read_back()
+
+
+def test_a_read_back_that_keeps_failing_is_said_when_it_starts_changes_and_every_5_min(
+    store, caplog
+) -> None:
+    # The control loop steps every second: a gateway down for ten minutes must not write
+    # 600 warnings to the journal.
+    clock = FakeClock(1000.0)
+    actuator = Unreachable()
+    steer = Steer(CFG, actuator, store, clock=clock, monotonic=clock)
+    refused = "cannot reach the gateway at http://127.0.0.1:8090: connection refused"
+    with caplog.at_level(logging.DEBUG):
+        steer.step()
+        actuator.down = refused
+        for _ in range(601):  # ten minutes, a step a second
+            clock.now += 1
+            steer.step()
+        actuator.down = "the gateway at http://127.0.0.1:8090 answered 503"
+        clock.now += 1
+        steer.step()
+        actuator.down = None
+        clock.now += 1
+        steer.step()
+    lines = [(lv, m) for lv, m in steer_lines(caplog) if "read" in m and "the batch allowance" in m]
+    assert lines == [
+        (logging.WARNING, f"cannot read the batch allowance: {refused}"),
+        (logging.WARNING, f"still cannot read the batch allowance, for 5 min: {refused}"),
+        (logging.WARNING, f"still cannot read the batch allowance, for 10 min: {refused}"),
+        (
+            logging.WARNING,
+            "cannot read the batch allowance: the gateway at http://127.0.0.1:8090 answered 503",
+        ),
+        (logging.INFO, "reads the batch allowance again, after 10 min"),
+    ], lines

@@ -33,6 +33,7 @@ from llm_watchdog.control.law import (
     ControlInput,
     GpuState,
 )
+from llm_watchdog.durations import human_duration
 from llm_watchdog.models import GpuSample, ProbeResult
 from llm_watchdog.store.control import (
     action_row,
@@ -50,6 +51,7 @@ log = logging.getLogger("llm_watchdog.daemon.steer")
 
 # Holds are the law's most common answer; one stored per minute is enough to show it ran.
 HOLD_RECORD_EVERY_S = 60.0
+READ_FAILING_REPEAT_S = 300.0  # how often a read-back that keeps failing is said again
 # The stored probes the headroom map starts from: the week `llm-watchdog headroom` reads.
 MAP_SEED_S = 7 * 86400.0
 
@@ -101,6 +103,9 @@ class Steer:
         self._pending: tuple[float, int, int] | None = None  # (check at, row id, allowance)
         self._last_write_s: float | None = None
         self._last_hold_record_s = -1e18
+        # A read-back that keeps failing (the gateway down) is said when it starts, when its
+        # error changes, and every READ_FAILING_REPEAT_S while it lasts, not every step.
+        self._read_failing: tuple[str, float, float] | None = None  # (error, since, said at)
         self.allowance: int | None = None
         self.inflight: int | None = None
         self.last_action: ControlAction | None = None
@@ -226,8 +231,9 @@ class Steer:
             self.inflight = inflight
             self._serving_ramps(rb.ramp_per_s)
             self._serving_slots(rb.slot_line, rb.engine_slots)
+            self._read_again(now_s)
         except ActuatorError as exc:
-            log.warning("cannot read the batch allowance: %s", exc)
+            self._read_failed(str(exc), now_s)
             in_force, inflight, queued = self.allowance, None, None
         ttfts, failed, arrivals, chat_inflight = self._chat_seen()
         g = self._gpu
@@ -275,6 +281,25 @@ class Steer:
             self._record_hold(action, now_s)
         self.allowance = target
         return action
+
+    def _read_failed(self, error: str, now_s: float) -> None:
+        last = self._read_failing
+        if last is None or last[0] != error:
+            log.warning("cannot read the batch allowance: %s", error)
+            self._read_failing = (error, now_s if last is None else last[1], now_s)
+        elif now_s - last[2] >= READ_FAILING_REPEAT_S:
+            log.warning(
+                "still cannot read the batch allowance, for %s: %s",
+                human_duration(now_s - last[1]),
+                error,
+            )
+            self._read_failing = (error, last[1], now_s)
+
+    def _read_again(self, now_s: float) -> None:
+        if self._read_failing is not None:
+            since = self._read_failing[1]
+            self._read_failing = None
+            log.info("reads the batch allowance again, after %s", human_duration(now_s - since))
 
     def _record_hold(self, action: ControlAction, now_s: float) -> None:
         if now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
