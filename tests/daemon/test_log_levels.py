@@ -125,3 +125,25 @@ def test_a_read_back_that_keeps_failing_is_said_when_it_starts_changes_and_every
         ),
         (logging.INFO, "reads the batch allowance again, after 10 min"),
     ], lines
+
+
+def test_a_write_refused_at_every_step_is_said_once_then_every_5_min(store, caplog) -> None:
+    # A gateway that refuses every write (a wrong token) reads back the old allowance, so the
+    # loop writes again at every step: one warning, not one a second.
+    clock = FakeClock(1000.0)
+    refused = "gateway at http://127.0.0.1:8090 answered 401: check control.token_file"
+    actuator = Actuator(refuse=refused)
+    steer = Steer(CFG, actuator, store, clock=clock, monotonic=clock)
+    with caplog.at_level(logging.DEBUG):
+        slow_chat(steer, clock)  # the cut, refused
+        for _ in range(400):
+            clock.now += 1
+            steer.step()
+        actuator.refuse = None
+        clock.now += 1
+        steer.step()
+    lines = [(lv, m) for lv, m in steer_lines(caplog) if "the batch allowance" in m]
+    assert [lv for lv, _ in lines] == [logging.WARNING, logging.WARNING, logging.INFO], lines
+    assert lines[0][1] == f"could not set the batch allowance: {refused}"
+    assert lines[1][1].startswith("still could not set the batch allowance, for 5 min")
+    assert lines[2][1].startswith("sets the batch allowance again, after 7 min")

@@ -51,7 +51,7 @@ log = logging.getLogger("llm_watchdog.daemon.steer")
 
 # Holds are the law's most common answer; one stored per minute is enough to show it ran.
 HOLD_RECORD_EVERY_S = 60.0
-READ_FAILING_REPEAT_S = 300.0  # how often a read-back that keeps failing is said again
+REPEAT_S = 300.0  # how often a failure that lasts is said again
 # The stored probes the headroom map starts from: the week `llm-watchdog headroom` reads.
 MAP_SEED_S = 7 * 86400.0
 
@@ -61,6 +61,31 @@ class ChatObserver(Protocol):
     `GET /control/observed` object, or raises ActuatorError."""
 
     def observed(self, since_ts: float) -> dict[str, Any]: ...
+
+
+class Repeating:
+    """Says a failure that repeats: when it starts, when its error changes, every `REPEAT_S`
+    while it lasts ("still …, for 10 min"), and once when it ends."""
+
+    def __init__(self, failing: str, again: str) -> None:
+        self.failing, self.again = failing, again
+        self.state: tuple[str, float, float] | None = None  # (error, since, said at)
+
+    def failed(self, error: str, now_s: float) -> None:
+        last = self.state
+        if last is None or last[0] != error:
+            log.warning("%s: %s", self.failing, error)
+            self.state = (error, now_s if last is None else last[1], now_s)
+        elif now_s - last[2] >= REPEAT_S:
+            log.warning(
+                "still %s, for %s: %s", self.failing, human_duration(now_s - last[1]), error
+            )
+            self.state = (error, last[1], now_s)
+
+    def ok(self, now_s: float) -> None:
+        if self.state is not None:
+            log.info("%s, after %s", self.again, human_duration(now_s - self.state[1]))
+            self.state = None
 
 
 class Steer:
@@ -103,9 +128,15 @@ class Steer:
         self._pending: tuple[float, int, int] | None = None  # (check at, row id, allowance)
         self._last_write_s: float | None = None
         self._last_hold_record_s = -1e18
-        # A read-back that keeps failing (the gateway down) is said when it starts, when its
-        # error changes, and every READ_FAILING_REPEAT_S while it lasts, not every step.
-        self._read_failing: tuple[str, float, float] | None = None  # (error, since, said at)
+        # A read-back or a write that keeps failing (the gateway down, a token refused) is said
+        # when it starts, when its error changes, and every REPEAT_S while it lasts, not at
+        # every control step.
+        self._reads = Repeating(
+            "cannot read the batch allowance", "reads the batch allowance again"
+        )
+        self._writes = Repeating(
+            "could not set the batch allowance", "sets the batch allowance again"
+        )
         self.allowance: int | None = None
         self.inflight: int | None = None
         self.last_action: ControlAction | None = None
@@ -231,9 +262,9 @@ class Steer:
             self.inflight = inflight
             self._serving_ramps(rb.ramp_per_s)
             self._serving_slots(rb.slot_line, rb.engine_slots)
-            self._read_again(now_s)
+            self._reads.ok(now_s)
         except ActuatorError as exc:
-            self._read_failed(str(exc), now_s)
+            self._reads.failed(str(exc), now_s)
             in_force, inflight, queued = self.allowance, None, None
         ttfts, failed, arrivals, chat_inflight = self._chat_seen()
         g = self._gpu
@@ -282,25 +313,6 @@ class Steer:
         self.allowance = target
         return action
 
-    def _read_failed(self, error: str, now_s: float) -> None:
-        last = self._read_failing
-        if last is None or last[0] != error:
-            log.warning("cannot read the batch allowance: %s", error)
-            self._read_failing = (error, now_s if last is None else last[1], now_s)
-        elif now_s - last[2] >= READ_FAILING_REPEAT_S:
-            log.warning(
-                "still cannot read the batch allowance, for %s: %s",
-                human_duration(now_s - last[1]),
-                error,
-            )
-            self._read_failing = (error, last[1], now_s)
-
-    def _read_again(self, now_s: float) -> None:
-        if self._read_failing is not None:
-            since = self._read_failing[1]
-            self._read_failing = None
-            log.info("reads the batch allowance again, after %s", human_duration(now_s - since))
-
     def _record_hold(self, action: ControlAction, now_s: float) -> None:
         if now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:
             self._last_hold_record_s = now_s
@@ -335,6 +347,7 @@ class Steer:
         )
         row_id = record_action(self.store, row)
         if res.ok:
+            self._writes.ok(now_s)
             self._last_write_s = now_s
             if action.changed:
                 log.info(
@@ -342,7 +355,7 @@ class Steer:
                 )
                 self._pending = (now_s + self.config.drain_time_s, row_id, target)
         else:
-            log.warning("could not set the batch allowance: %s", res.detail)
+            self._writes.failed(res.detail, now_s)
 
     def _verify_due(self, now_s: float) -> None:
         if self._pending is None or now_s < self._pending[0]:
