@@ -146,3 +146,40 @@ def test_the_scatter_counts_batch_in_whole_requests_and_times_read_as_clock_time
     labels = [t.get_text() for t in time_ax.get_xticklabels() if t.get_text()]
     # A whole minute may read 04:40; no tick is a bare "30".
     assert labels and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", text) for text in labels), labels
+
+
+@pytest.mark.parametrize(
+    ("counts", "title"),
+    [
+        ([None] * 12, "batch in flight not counted (no gateway)"),
+        ([0.0] * 12, "batch in flight 0 throughout"),
+        ([None] * 6 + [2.0] * 6, "batch in flight 2 wherever counted"),
+    ],
+    ids=["no-gateway", "constant", "partly"],
+)
+def test_a_scatter_with_no_varying_count_has_no_colour_bar(counts, title) -> None:
+    # A bar for one count (or none) reads -0.1 to 0.1: the title says what there is instead.
+    r = from_rows(source="t", since_ts=0.0, until_ts=90.0, probes=[], gpu=[])
+    r.scatter = [(1800.0 - 40 * i, 100.0 + 20 * i, c) for i, c in enumerate(counts)]
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert draw_scatter(ax, r)
+    assert ax.collections[0].colorbar is None
+    assert ax.get_title().endswith(title)
+    assert len(fig.axes) == 1  # no inset bar beside the plot
+
+
+def test_canaries_before_the_count_are_grey_beside_the_coloured_ones() -> None:
+    # The demo's first canaries come before the gateway counts batch: they are drawn grey
+    # and named, and the counted ones keep their colours and bar.
+    r = from_rows(source="t", since_ts=0.0, until_ts=90.0, probes=[], gpu=[])
+    counts = [None] * 4 + [float(i % 3) for i in range(8)]
+    r.scatter = [(1800.0 - 40 * i, 100.0 + 20 * i, c) for i, c in enumerate(counts)]
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert draw_scatter(ax, r)
+    grey, coloured = ax.collections
+    assert len(grey.get_offsets()) == 4 and len(coloured.get_offsets()) == 8
+    assert coloured.colorbar is not None
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["batch not counted"]
+    assert ax.get_title().endswith("coloured by batch in flight")

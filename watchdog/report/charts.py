@@ -115,6 +115,12 @@ def draw_gpu(ax: Axes, r: Report) -> bool:
     right = ax.twinx()
     right.plot(*_xy(r.sm_clock_mhz), color=CLOCK, lw=1.2, label="SM clock MHz")
     right.set_ylabel("MHz", color=CLOCK)
+    # The clock from zero: a fall reads at its true share (to half the clock, half the
+    # height), and a steady clock sits near the top instead of on a steady temperature, where
+    # each axis centred on its own constant drew one line over the other.
+    clocks = [v for v in r.sm_clock_mhz.values if v is not None]
+    if clocks:
+        right.set_ylim(0, max(clocks) * 1.15)
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
     # Above the plot, right of the title: inside, it hid the trace wherever it was put.
@@ -160,10 +166,30 @@ def draw_scatter(ax: Axes, r: Report) -> bool:
     if not r.scatter:
         _empty(ax, "no canaries with a GPU sample beside them")
         return False
-    xs = [p[0] for p in r.scatter]
     ys = [p[1] / 1000.0 for p in r.scatter]
-    cs = [p[2] for p in r.scatter]
-    points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=14, alpha=0.8)
+    known = [p for p in r.scatter if p[2] is not None]
+    unknown = [p for p in r.scatter if p[2] is None]
+    counts = [p[2] for p in known if p[2] is not None]
+    # A colour bar needs counts that vary: one count throughout, or none (no gateway counts
+    # batch), reads as a bar from -0.1 to 0.1; the title says it instead.
+    varies = bool(counts) and min(counts) != max(counts)
+    if not counts:
+        ax.set_title("Canary TTFT against SM clock; batch in flight not counted (no gateway)")
+    elif not varies:
+        where = "wherever counted" if unknown else "throughout"
+        ax.set_title(f"Canary TTFT against SM clock; batch in flight {counts[0]:g} {where}")
+    if unknown:
+        ax.scatter([p[0] for p in unknown], [p[1] / 1000.0 for p in unknown],
+                   color="tab:gray" if counts else "tab:blue", s=14, alpha=0.6,
+                   label="batch not counted" if counts else None)  # fmt: skip
+    if varies:
+        points = ax.scatter([p[0] for p in known], [p[1] / 1000.0 for p in known], c=counts,
+                            cmap="viridis", s=14, alpha=0.8)  # fmt: skip
+    elif known:
+        ax.scatter([p[0] for p in known], [p[1] / 1000.0 for p in known], color="tab:blue",
+                   s=14, alpha=0.8)  # fmt: skip
+    if unknown and counts:
+        ax.legend(loc="upper left", fontsize=8)
     if min(ys) > 0 and max(ys) / min(ys) > 20:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -172,9 +198,10 @@ def draw_scatter(ax: Axes, r: Report) -> bool:
     # Beside the plot, in the margin the charts above keep for their right axes: a bar
     # that takes its room from the plot leaves this chart narrower than the others and
     # the bar far off at the page's edge.
-    bar = ax.figure.colorbar(points, cax=ax.inset_axes((1.01, 0.0, 0.015, 1.0)))
-    bar.set_label("batch in flight")
-    bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 2.5 requests
+    if varies:
+        bar = ax.figure.colorbar(points, cax=ax.inset_axes((1.01, 0.0, 0.015, 1.0)))
+        bar.set_label("batch in flight")
+        bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 2.5 requests
     return True
 
 

@@ -62,7 +62,8 @@ class Report:
     drift: list[Period] = field(default_factory=list)
     actions: list[Mark] = field(default_factory=list)
     # (SM clock MHz, TTFT ms, batch in flight) per canary, or per step from Prometheus.
-    scatter: list[tuple[float, float, float]] = field(default_factory=list)
+    # (SM clock MHz, TTFT ms, batch in flight: None where nothing counted it, no gateway)
+    scatter: list[tuple[float, float, float | None]] = field(default_factory=list)
     headroom: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # Canaries and no GPU telemetry at all: a daemon without NVML, or without an NVIDIA GPU.
@@ -246,7 +247,7 @@ def from_rows(
             continue
         clock = _at(gpu_ts, gpu, p["ts"], "sm_clock_mhz")
         if clock is not None:
-            report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight") or 0))
+            report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight")))
     report.headroom = list(headroom)
     if not probes:
         report.notes.append("No canary probes in this span: is the daemon running?")

@@ -196,7 +196,7 @@ def _report(
     for ts, v in zip(report.ttft_p95_ms.ts, report.ttft_p95_ms.values, strict=True):
         c = clock.get(ts)
         if v is not None and c is not None:
-            report.scatter.append((c, v, inflight.get(ts) or 0.0))
+            report.scatter.append((c, v, inflight.get(ts)))
     if report.ttft_p95_ms and not report.temp_c and not report.sm_clock_mhz:
         report.latency_only = True
         report.notes.append(NO_GPU_NOTE)
