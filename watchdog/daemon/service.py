@@ -55,6 +55,7 @@ from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, descr
 from llm_watchdog.probe.procinfo import launch_command, listening_pid, process_tree
 from llm_watchdog.probe.sets import ProbeSet, load_probe_set
 from llm_watchdog.store.db import Store
+from llm_watchdog.store.records import alert_fired
 from llm_watchdog.store.thresholds import learned_thresholds, save_learned_threshold
 
 log = logging.getLogger("llm_watchdog.daemon.service")
@@ -596,9 +597,7 @@ class Daemon:
 
     def _record_firing(self, firing: AlertEvent, sinks: list[str]) -> None:
         try:
-            if self.store.rows(
-                "SELECT 1 FROM alerts WHERE key = ? AND state = 'firing' LIMIT 1", [firing.key]
-            ):
+            if alert_fired(self.store, firing.key):
                 return
             for sink in sinks:
                 # Queued to this sink; whether it got through went unrecorded with the row.

@@ -118,6 +118,13 @@ def deliveries(store: Store, since_ts: float) -> list[dict[str, Any]]:
     return store.rows("SELECT * FROM alerts WHERE final = 1 AND ts >= ? ORDER BY ts", (since_ts,))
 
 
+def alert_fired(store: Store, key: str) -> bool:
+    """Whether the history holds a firing row of alert `key`."""
+    return bool(
+        store.rows("SELECT 1 FROM alerts WHERE key = ? AND state = 'firing' LIMIT 1", [key])
+    )
+
+
 def owed_resolves(store: Store) -> list[dict[str, Any]]:
     """Firing alerts that reached a sink which has had no resolved alert for them since, and
     whose condition may still hold: what a daemon starting over this store owes a "resolved"
