@@ -20,7 +20,7 @@ from PIL import Image
 from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
-from llm_watchdog.report.charts import CHARTS, HEIGHT_IN, charts_for, report_figure
+from llm_watchdog.report.charts import CHARTS, DPI, HEIGHT_IN, charts_for, report_figure
 from llm_watchdog.report.data import NO_GPU_NOTE, Report, from_rows
 from llm_watchdog.report.prometheus import from_prometheus
 from llm_watchdog.store.db import Store
@@ -131,7 +131,8 @@ def test_a_latency_only_png_is_shorter_and_carries_the_note(
         with Image.open(out) as img:
             heights[name] = img.size[1]
     # Two charts fewer; the note's lines take a little of that back.
-    assert 1.5 * HEIGHT_IN * 100 < heights["with_gpu"] - heights["no_nvml"] < 2 * HEIGHT_IN * 100
+    chart_px = HEIGHT_IN * DPI
+    assert 1.5 * chart_px < heights["with_gpu"] - heights["no_nvml"] < 2 * chart_px
     # The picture has no page to carry the note: it is under the title, whole and once.
     title = report_figure(report_of(databases["no_nvml"])).get_suptitle()
     assert " ".join(title.splitlines()[1:]) == NO_GPU_NOTE
