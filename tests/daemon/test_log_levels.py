@@ -147,3 +147,32 @@ def test_a_write_refused_at_every_step_is_said_once_then_every_5_min(store, capl
     assert lines[0][1] == f"could not set the batch allowance: {refused}"
     assert lines[1][1].startswith("still could not set the batch allowance, for 5 min")
     assert lines[2][1].startswith("sets the batch allowance again, after 7 min")
+
+
+def test_a_write_refused_at_every_step_is_kept_once_a_minute_not_once_a_step(store) -> None:
+    # The refusal is tried again at every step, but a day of a wrong token must not grow
+    # the history by a row a second: one row when it starts, when what is asked or the
+    # answer changes, and once a minute while it lasts.
+    clock = FakeClock(1000.0)
+    refused = "gateway at http://127.0.0.1:8090 answered 401: check control.token_file"
+    actuator = Actuator(refuse=refused)
+    steer = Steer(CFG, actuator, store, clock=clock, monotonic=clock)
+    slow_chat(steer, clock)  # the cut, refused
+    for _ in range(600):
+        clock.now += 1
+        steer.step()
+    rows = store.rows(
+        "SELECT ts, applied, apply_detail FROM control_actions WHERE applied = 0 ORDER BY ts"
+    )
+    assert 10 <= len(rows) <= 16, len(rows)  # 640 s of refusals
+    assert {r["apply_detail"] for r in rows} == {refused}
+    actuator.refuse = "gateway at http://127.0.0.1:8090 answered 503: it is restarting"
+    clock.now += 1
+    steer.step()
+    last = store.rows("SELECT applied, apply_detail FROM control_actions ORDER BY id DESC LIMIT 1")
+    assert last[0]["apply_detail"] == actuator.refuse  # a new answer is kept at once
+    actuator.refuse = None
+    clock.now += 1
+    steer.step()
+    last = store.rows("SELECT applied FROM control_actions ORDER BY id DESC LIMIT 1")
+    assert last[0]["applied"] == 1

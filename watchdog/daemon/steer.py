@@ -128,6 +128,12 @@ class Steer:
         self._pending: tuple[float, int, int] | None = None  # (check at, row id, allowance)
         self._last_write_s: float | None = None
         self._last_hold_record_s = -1e18
+        # The last refused write kept in the history: (answer, when). A write refused at every
+        # step (a wrong token) is tried again at every step, but kept as a row only when the
+        # answer changes, or once a HOLD_RECORD_EVERY_S, as holds are: a day of refusals is
+        # ~1,400 rows, not 86,400. What was asked need not match: a law that sees its cut
+        # not in force decides it again, so a refused cut alternates with a refused renewal.
+        self._last_refusal: tuple[str, float] | None = None
         # A read-back or a write that keeps failing (the gateway down, a token refused) is said
         # when it starts, when its error changes, and every REPEAT_S while it lasts, not at
         # every control step.
@@ -337,6 +343,14 @@ class Steer:
 
     def _write(self, action: ControlAction, target: int, now_s: float) -> None:
         res = self.actuator.apply(target, self.config.lease_s, action.reason)
+        if not res.ok:
+            self._writes.failed(res.detail, now_s)
+            last = self._last_refusal
+            if last is not None and last[0] == res.detail and now_s - last[1] < HOLD_RECORD_EVERY_S:
+                return
+            self._last_refusal = (res.detail, now_s)
+        else:
+            self._last_refusal = None
         row = action_row(
             action,
             ts=self.clock(),
@@ -354,8 +368,6 @@ class Steer:
                     "batch allowance %d -> %d: %s", action.allowance_before, target, action.reason
                 )
                 self._pending = (now_s + self.config.drain_time_s, row_id, target)
-        else:
-            self._writes.failed(res.detail, now_s)
 
     def _verify_due(self, now_s: float) -> None:
         if self._pending is None or now_s < self._pending[0]:
