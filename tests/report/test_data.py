@@ -171,3 +171,23 @@ def test_the_cli_loads_no_matplotlib_until_a_report_is_drawn() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_no_batch_counts_leave_the_batch_chart_out_with_one_note() -> None:
+    from llm_watchdog.report.charts import charts_for
+    from llm_watchdog.report.data import NO_BATCH_NOTE
+
+    samples = [gpu(T0 + 10 * i, 60.0, 1800.0) for i in range(30)]
+    bare = [probe(T0 + 10 * i, 100.0, batch_inflight=None, batch_allowance=None) for i in range(30)]
+    r = from_rows(source="t", since_ts=T0, until_ts=T0 + 300, probes=bare, gpu=samples)
+    assert r.no_batch and r.notes == [NO_BATCH_NOTE]
+    assert [name for name, _ in charts_for(r)] == ["ttft", "gpu", "scatter"]
+    page = report_html(r)
+    assert 'id="chart-batch"' not in page and page.count(NO_BATCH_NOTE) == 1
+    assert "<b>control actions</b>" not in page  # not "0", which reads as a calm loop
+    # One count of either kind is a gateway watched: the chart stays, with no note.
+    some = [dict(p) for p in bare]
+    some[-1]["batch_inflight"] = 0
+    r = from_rows(source="t", since_ts=T0, until_ts=T0 + 300, probes=some, gpu=samples)
+    assert not r.no_batch and not r.notes and "batch" in [n for n, _ in charts_for(r)]
+    assert "<b>control actions</b>" in report_html(r)

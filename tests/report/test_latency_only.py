@@ -21,7 +21,7 @@ from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.report.charts import CHARTS, DPI, HEIGHT_IN, charts_for, report_figure
-from llm_watchdog.report.data import NO_GPU_NOTE, Report, from_rows
+from llm_watchdog.report.data import NO_BATCH_NOTE, NO_GPU_NOTE, Report, from_rows
 from llm_watchdog.report.prometheus import from_prometheus
 from llm_watchdog.store.db import Store
 from tests.helpers.builders import FakeClock
@@ -94,7 +94,9 @@ def test_a_latency_only_page_says_so_once_and_draws_no_gpu_chart(
     page = tmp_path / "report.html"
     render(databases["no_nvml"], page)
     text = page.read_text()
-    assert CHART_IDS.findall(text) == ["ttft", "batch"]
+    # No gateway either: the batch chart is left out too, with its own note.
+    assert CHART_IDS.findall(text) == ["ttft"]
+    assert text.count(NO_BATCH_NOTE) == 1
     assert 'id="chart-ttft" class="chart"' in text and 'data-drawn="1"' in text
     sentence = "No GPU telemetry was recorded in this span (latency-only mode"
     assert text.count(sentence) == 1
@@ -114,7 +116,7 @@ def test_a_page_with_gpu_samples_still_draws_them(
     page = tmp_path / "report.html"
     render(databases["with_gpu"], page)
     text = page.read_text()
-    assert CHART_IDS.findall(text) == [name for name, _ in CHARTS]
+    assert CHART_IDS.findall(text) == [name for name, _ in CHARTS if name != "batch"]
     for name in ("gpu", "scatter"):
         figure = re.search(rf'id="chart-{name}"[^>]*data-drawn="(\d)"', text)
         assert figure is not None and figure.group(1) == "1", f"{name} chart not drawn"
@@ -134,9 +136,10 @@ def test_a_latency_only_png_is_shorter_and_carries_the_note(
     chart_px = HEIGHT_IN * DPI
     assert 1.5 * chart_px < heights["with_gpu"] - heights["no_nvml"] < 2 * chart_px
     # The picture has no page to carry the note: it is under the title, whole and once.
-    title = report_figure(report_of(databases["no_nvml"])).get_suptitle()
-    assert " ".join(title.splitlines()[1:]) == NO_GPU_NOTE
-    assert report_figure(report_of(databases["with_gpu"])).get_suptitle().count("\n") == 0
+    title = " ".join(report_figure(report_of(databases["no_nvml"])).get_suptitle().splitlines())
+    assert title.count(NO_GPU_NOTE) == 1 and title.count(NO_BATCH_NOTE) == 1
+    title = " ".join(report_figure(report_of(databases["with_gpu"])).get_suptitle().splitlines())
+    assert NO_GPU_NOTE not in title and title.count(NO_BATCH_NOTE) == 1
 
 
 def report_of(db: Path) -> Report:
@@ -179,6 +182,8 @@ def test_prometheus_without_gpu_series_is_latency_only(with_gpu: bool) -> None:
     )
     assert r.latency_only is not with_gpu
     assert (NO_GPU_NOTE in r.notes) is not with_gpu
-    assert r.ttft_p95_ms and len(r.notes) == (0 if with_gpu else 1)
+    # Nor a batch series: its note is the other one.
+    assert r.ttft_p95_ms and r.notes[-1] == NO_BATCH_NOTE
+    assert len(r.notes) == (1 if with_gpu else 2)
     names = [name for name, _ in charts_for(r)]
     assert ("gpu" in names, "scatter" in names) == (with_gpu, with_gpu)

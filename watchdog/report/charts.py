@@ -216,9 +216,14 @@ GPU_CHARTS = frozenset({"gpu", "scatter"})
 
 
 def charts_for(r: Report) -> list[tuple[str, Callable[[Axes, Report], bool]]]:
-    """The charts a report draws: all of them, less the GPU charts in latency-only mode,
-    where they could only be empty frames (the report's note says why once)."""
-    return [(name, draw) for name, draw in CHARTS if not (r.latency_only and name in GPU_CHARTS)]
+    """The charts a report draws: all of them, less the GPU charts in latency-only mode and
+    the batch chart where nothing counted batch, which could only be empty frames (the
+    report's notes say why, once each)."""
+    return [
+        (name, draw)
+        for name, draw in CHARTS
+        if not (r.latency_only and name in GPU_CHARTS) and not (r.no_batch and name == "batch")
+    ]
 
 
 def _png(fig: Figure) -> bytes:

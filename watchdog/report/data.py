@@ -70,6 +70,9 @@ class Report:
     # The GPU charts are left out and NO_GPU_NOTE says why. A span with neither is a daemon
     # that did not run, and keeps its empty charts.
     latency_only: bool = False
+    # Canaries and no batch counts at all: a daemon that watches no gateway (control off, or
+    # the engine served directly). The batch chart is left out and NO_BATCH_NOTE says why.
+    no_batch: bool = False
 
     def summary(self) -> dict[str, Any]:
         p95 = [v for v in self.ttft_p95_ms.values if v is not None]
@@ -136,6 +139,12 @@ NO_GPU_NOTE = (
     "No GPU telemetry was recorded in this span (latency-only mode: no NVML, or no NVIDIA "
     "GPU). Chat latency is shown, but a slowdown cannot be put down to heat or the power cap: "
     "nothing measured the card's temperature, clocks or power. GPU charts are left out."
+)
+
+NO_BATCH_NOTE = (
+    "No batch allowance or batch in flight was recorded in this span: the daemon reads them "
+    "from the gateway, and watched none (control off, or chat served by the engine directly). "
+    "The batch chart is left out."
 )
 
 HEAT, POWER = "heat", "power cap"  # the two kinds of throttle a period is of
@@ -254,7 +263,15 @@ def from_rows(
     if probes and not gpu:
         report.latency_only = True
         report.notes.append(NO_GPU_NOTE)
+    mark_no_batch(report)
     return report
+
+
+def mark_no_batch(report: Report) -> None:
+    """Leave the batch chart out, with a note, where chat was measured and batch never was."""
+    if report.ttft_p95_ms and not report.allowance and not report.inflight and not report.actions:
+        report.no_batch = True
+        report.notes.append(NO_BATCH_NOTE)
 
 
 def merge_series(points: Iterable[tuple[float, float]]) -> Series:

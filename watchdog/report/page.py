@@ -108,6 +108,9 @@ def report_html(r: Report) -> str:
     if r.latency_only:
         # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
         facts = [f for f in facts if f[0] not in GPU_FACTS]
+    if r.no_batch:
+        # No gateway was watched: "0 control actions" would read as a calm control loop.
+        facts = [f for f in facts if f[0] != "control actions"]
     fact_html = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in r.notes)
     drift_rows = [

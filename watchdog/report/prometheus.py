@@ -22,6 +22,7 @@ from llm_watchdog.report.data import (
     Period,
     Report,
     Series,
+    mark_no_batch,
     window_s,
 )
 
@@ -200,6 +201,7 @@ def _report(
     if report.ttft_p95_ms and not report.temp_c and not report.sm_clock_mhz:
         report.latency_only = True
         report.notes.append(NO_GPU_NOTE)
+    mark_no_batch(report)
     if not report.ttft_p95_ms and not report.temp_c:
         where = f"instance {instance!r}" if instance else "any instance"
         report.notes.append(
