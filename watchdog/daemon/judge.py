@@ -338,8 +338,9 @@ class Judge:
 
         Updates of an event send nothing, so without this a slowdown that opens as a warning
         and grows past the target would never reach a pager set to critical. It fires once,
-        under its own key; a slowdown opened before a restart is not followed (its opening
-        severity is not known to this run).
+        under its own key. Nothing is followed across a restart: a slowdown open then is
+        closed at start-up (its detector's sums start over, see `take_over`), which resolves
+        this page too where an earlier run sent it.
         """
         if ALERT_KIND.get(ev.kind) != "chat_slowed" or self.target_p95_ms is None:
             return None
