@@ -97,6 +97,28 @@ def test_metrics_are_read_on_the_engine_the_gateway_names_unless_told():
     assert "are the gateway's, not the engine's: pass --metrics-url" in line
 
 
+@pytest.mark.parametrize(
+    ("upstream", "gateway", "read_at"),
+    [
+        # From another machine, the gateway's loopback engine is on the gateway's host.
+        ("http://127.0.0.1:8000", "http://box.lan:8090", "http://box.lan:8000"),
+        ("http://localhost:8000/v1", "http://10.0.0.7:8090", "http://10.0.0.7:8000/v1"),
+        ("http://[::1]:8000", "http://[fd00::7]:8090", "http://[fd00::7]:8000"),
+        # On the gateway's own machine, or an engine named by a routable address: as named.
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8090", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000", "http://localhost:8090", "http://127.0.0.1:8000"),
+        ("http://10.0.0.5:8000", "http://box.lan:8090", "http://10.0.0.5:8000"),
+    ],
+)
+def test_a_loopback_engine_is_read_on_the_gateways_host_from_another_machine(
+    upstream, gateway, read_at
+):
+    at_, line = metrics_source(gateway, {"gateway": "llm-watchdog", "upstream": upstream})
+    assert at_ == read_at
+    assert line is not None and f"{read_at.removesuffix('/v1')}/metrics" in line
+    assert ("a loopback address of its own machine" in line) is (read_at != upstream)
+
+
 # -- through a real gateway ------------------------------------------------------------------
 
 VLLM_METRICS = (

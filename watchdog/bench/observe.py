@@ -39,10 +39,38 @@ def metrics_source(
             "engine, so its /metrics are the gateway's, not the engine's: pass --metrics-url "
             "with the engine's URL (e.g. http://127.0.0.1:8080)"
         )
+    seen = on_gateway_host(upstream, url)
+    if seen != upstream:
+        return seen, (
+            f"engine queue figures: read on the engine at {api_root(seen)}/metrics: the gateway "
+            f"at {url} names {api_root(upstream)}, a loopback address of its own machine "
+            "(--metrics-url to read them elsewhere)"
+        )
     return upstream, (
         f"engine queue figures: read on the engine at {api_root(upstream)}/metrics, which the "
         f"gateway at {url} names (--metrics-url to read them elsewhere)"
     )
+
+
+LOOPBACK = ("localhost", "::1")
+
+
+def _loopback(host: str | None) -> bool:
+    return host is not None and (host in LOOPBACK or host.startswith("127."))
+
+
+def on_gateway_host(upstream: str, gateway_url: str) -> str:
+    """`upstream` as this machine reaches it: a gateway names its engine as it reaches it,
+    usually on its own loopback (http://127.0.0.1:8000), which from another machine is that
+    machine's own. There the gateway's host stands in for the loopback one; the port and path
+    stay. Unchanged where either is on this machine's loopback or the engine is elsewhere."""
+    try:
+        up, gw = httpx.URL(upstream), httpx.URL(gateway_url)
+    except (httpx.InvalidURL, TypeError):
+        return upstream
+    if not _loopback(up.host) or _loopback(gw.host) or not gw.host:
+        return upstream
+    return str(up.copy_with(host=gw.host))
 
 
 def unreachable_line(metrics_url: str, url: str) -> str:
