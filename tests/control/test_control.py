@@ -1108,3 +1108,16 @@ def test_the_clock_fall_setting_is_checked(value: float) -> None:
         ValueError, match=re.escape(f"clock_fall_cut must be in [0, 1) (0: off), got {value}")
     ):
         ControlConfig(target_p95_ms=2000.0, clock_fall_cut=value)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 2, 4, 7, 8, 16, 31, 32, 33, 64, 128, 256])
+def test_the_laws_slot_line_is_the_gateways(slots: int) -> None:
+    from llm_watchdog.gateway.config import slot_line
+
+    law = ControlConfig(target_p95_ms=1000.0, engine_slots=slots).slot_line
+    assert law == (slot_line(slots) if slots else 0)
+    # A smaller margin keeps fewer, never more; -1 keeps none.
+    assert ControlConfig(target_p95_ms=1000.0, engine_slots=slots, slot_margin=1).slot_line >= law
+    assert (
+        ControlConfig(target_p95_ms=1000.0, engine_slots=slots, slot_margin=-1).slot_line == slots
+    )

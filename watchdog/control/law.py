@@ -107,6 +107,7 @@ from llm_watchdog.control.headroom import (
     thermal_state,
 )
 from llm_watchdog.control.signals import LogEwma, SurgeDetector
+from llm_watchdog.control.slots import SLOTS_KEPT_FOR_CHAT, slots_kept
 from llm_watchdog.nvml.throttle import GPU_IDLE, POWER_MASK, THERMAL_MASK, reason_names
 from llm_watchdog.stats import quantile
 
@@ -173,7 +174,8 @@ class ControlConfig:
     serving_slots: bool = False
     engine_slots: int = 0  # sequences the engine runs at once (max_num_seqs); 0: not known
     slot_reserve: float = 3.0  # grow no further than slots − this × usual chat in flight
-    slot_margin: int = 4  # cut when batch + chat > slots − this (≤ slots/8, ≥ 1); -1: off
+    # Cut when batch + chat > slots − this (≤ slots/8, ≥ 1; the gateway's line); -1: off.
+    slot_margin: int = SLOTS_KEPT_FOR_CHAT
     # Grow no further than slots − margin − chat's recent peak: this quantile of chat in
     # flight over slot_peak_s (0: off; docs/control.md says what it costs in batch).
     slot_peak_s: float = 0.0
@@ -218,13 +220,8 @@ class ControlConfig:
     @property
     def slot_line(self) -> int:
         """The engine's slots less the margin: batch and chat in flight fit under it."""
-        # A margin of 4 slots is a rounding error on a 256-slot vLLM and half of an 8-slot
-        # llama.cpp server: an eighth of the slots, but at least one (an eighth of 4 is
-        # none), and none on a one-slot engine. As the gateway's line
-        # (llm_watchdog.gateway.config.slots_kept).
-        slots = self.engine_slots
-        kept = min(self.slot_margin, max(1, slots // 8)) if slots >= 2 else 0
-        return slots - max(0, kept)
+        # The gateway's rule (control.slots): an eighth of the slots, 1 to `slot_margin`.
+        return self.engine_slots - slots_kept(self.engine_slots, self.slot_margin)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from llm_watchdog.control.slots import slots_kept
 from llm_watchdog.urls import check_http_url
 
 CHAT = "chat"
@@ -29,9 +30,6 @@ DEFAULT_BATCH_RAMP_PER_S = 0.5
 # the moment between one request ending and its stream sending the next, far shorter than a
 # job's pause between runs.
 DEFAULT_BATCH_RAMP_IDLE_S = 10.0
-# Engine slots kept free of batch for chat, at most an eighth of them: 4 is a rounding
-# error on a 256-slot vLLM and all of a 4-slot llama.cpp server.
-SLOTS_KEPT_FOR_CHAT = 4
 # `engine_slots` that asks the engine: llama.cpp's /props and SGLang's /get_server_info say.
 ENGINE_SLOTS_AUTO = -1
 
@@ -212,16 +210,6 @@ def slot_line(engine_slots: int) -> int | None:
     if engine_slots <= 0:
         return None
     return engine_slots - slots_kept(engine_slots)
-
-
-def slots_kept(engine_slots: int, most: int = SLOTS_KEPT_FOR_CHAT) -> int:
-    """The slots a line keeps free for chat: an eighth of them, at least one and at most
-    `most`. An eighth alone kept none under 8 slots (a 4-slot llama.cpp server let batch
-    take all four), and four would be half of an 8-slot one. None on a one-slot engine,
-    where keeping its slot would shut batch out. ControlConfig.slot_line keeps as many."""
-    if engine_slots < 2 or most <= 0:
-        return 0
-    return min(most, max(1, engine_slots // 8))
 
 
 def read_token(

@@ -143,7 +143,9 @@ class Exchange:
         self.parts: list[bytes] = []
         self.size = 0
         self.too_big = False
-        self.hold = BodyHold(gw)  # body bytes counted in the gateway's budget
+        # Body bytes counted in the gateway's budget: `take` holds more as they come (False
+        # past it, and what was held goes back), `release` once the body is upstream or dropped.
+        self.hold = BodyHold(gw)
         self.over_budget = False
         self.body = b""
         self.body_done = False
@@ -183,7 +185,7 @@ class Exchange:
         if self.size > self.gw.config.max_body_bytes:
             self.too_big = True
             self.parts = []
-            self._let_go()
+            self.hold.release()
             if self.turn:
                 self._too_large()
             return
@@ -191,7 +193,7 @@ class Exchange:
             # The declared length is held at the first bytes (a pipelined request's body
             # comes before its turn), then a chunked body's size as it grows.
             want = self.size if self.hold.held else max(self.size, declared_length(self.headers))
-            if not self._hold(want):
+            if not self.hold.take(want):
                 self.over_budget = True
                 self.parts = []
                 if self.turn:
@@ -219,7 +221,7 @@ class Exchange:
         if self.too_big or declared > gw.config.max_body_bytes:
             self._too_large()
             return
-        if self.over_budget or not self._hold(declared):
+        if self.over_budget or not self.hold.take(declared):
             self.over_budget = True
             self.parts = []
             self._over_budget()
@@ -230,15 +232,6 @@ class Exchange:
     def _too_large(self) -> None:
         message = too_large(self.gw.config.max_body_bytes)
         self._answer(413, message, "invalid_request_error", "body_too_large")
-
-    def _hold(self, want: int) -> bool:
-        """Hold `want` bytes of body in the gateway's budget; False (and what it held let
-        go: its body is dropped) if they would go past it."""
-        return self.hold.take(want)
-
-    def _let_go(self) -> None:
-        """The body is upstream, or dropped: its bytes go back to the budget."""
-        self.hold.release()
 
     def _over_budget(self) -> None:
         message = budget_full(self.gw.config.max_body_total_bytes)
@@ -349,7 +342,7 @@ class Exchange:
         conn.listener = self
         conn.begin(head_only=self.head_only)
         conn.write(self.data)  # the whole request in one write
-        self._let_go()  # the body is the engine connection's to send now
+        self.hold.release()  # the body is the engine connection's to send now
         self._arm(upstream.first_byte_timeout_s)
         if self.paused and conn.transport is not None:
             conn.transport.pause_reading()
@@ -538,7 +531,7 @@ class Exchange:
         outcome: bool = False,
     ) -> None:
         """An error in OpenAI's shape, as the whole answer; `outcome`: count upstream_error."""
-        self._let_go()
+        self.hold.release()
         self._reply(status, error_body(message, kind, code), extra)
         if outcome:
             self._end("upstream_error")
@@ -585,7 +578,7 @@ class Exchange:
             self.gone = True
             return
         self.gone = True
-        self._let_go()
+        self.hold.release()
         if self.task is not None:
             self.task.cancel()
             self.task = None
@@ -615,7 +608,7 @@ class Exchange:
         self.admitted = False
         if self.finished or self.gone:
             return
-        self._let_go()
+        self.hold.release()
         if self.task is not None:  # granted and not yet running, or connecting upstream
             self.task.cancel()
             self.task = None
@@ -639,7 +632,7 @@ class Exchange:
         connection). False if nothing runs for it any more."""
         if self.finished or self.gone:
             return False
-        self._let_go()
+        self.hold.release()
         log.warning(
             "%s request %s %s ended: the client took no bytes of the answer for %g s "
             "(--client-stall-timeout)",
