@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -99,3 +100,32 @@ def test_the_command_is_a_path_where_path_does_not_find_this_executable(tmp_path
 def test_the_command_under_python_dash_m_is_python_dash_m(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/x/llm_watchdog/__main__.py", "demo"])
     assert shlex.split(invoked_as()) == [sys.executable, "-m", "llm_watchdog"]
+
+
+def test_the_demo_screen_tells_a_warning_from_its_page_and_their_resolutions_apart() -> None:
+    # A chat slowdown that opens within the target warns, pages once past it (its own key),
+    # and both resolve when it ends: four lines, no two the same.
+    from llm_watchdog.daemon.judge import Judge
+    from llm_watchdog.demo import _ScreenSink
+    from llm_watchdog.drift.values import DriftConfig
+    from llm_watchdog.store.db import Store
+    from tests.daemon.test_chat_severity import latency_event
+
+    said: list[str] = []
+    sink = _ScreenSink(said.append, DemoResult(db_path=Path("demo.db")))
+
+    class Alerts:
+        def submit(self, alert) -> None:
+            sink.send(alert)
+
+    with Store(":memory:") as store:
+        judge = Judge(store, DriftConfig(), Alerts(), target_p95_ms=400.0)
+        for p95, change in ((300.0, "opened"), (452.0, "updated"), (452.0, "closed")):
+            judge._publish([latency_event(p95, change)])
+    assert [line.split(":")[0] for line in said] == [
+        "  >> ALERT (warning) chat_slowed",
+        "  >> ALERT (critical) chat_slowed",
+        "  >> RESOLVED chat_slowed",
+        "  >> RESOLVED chat_slowed",
+    ]
+    assert len(set(said)) == 4, said

@@ -103,7 +103,9 @@ class _ScreenSink:
 
     def send(self, alert: AlertEvent) -> None:
         self.result.alerts.append(alert)
-        mark = "RESOLVED" if alert.state == "resolved" else "ALERT"
+        # A firing alert says its severity: a chat slowdown warns within the target and pages
+        # past it, under its own key, and the screen shows both.
+        mark = "RESOLVED" if alert.state == "resolved" else f"ALERT ({alert.level})"
         self.say(f"  >> {mark} {alert.kind}: {alert.message}")
 
     def close(self) -> None:

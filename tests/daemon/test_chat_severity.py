@@ -151,6 +151,9 @@ def test_a_slowdown_that_opens_within_target_pages_once_it_passes_it(store: Stor
     ]
     assert [a.severity for a in alerts.sent[:2]] == ["warning", "critical"]
     assert alerts.sent[1].message.endswith("; now p95 1.9 s, over the 1.5 s target")
+    # Two resolutions at once, told apart by their words, not only by their keys.
+    said = "The slowdown that passed the 1.5 s target has ended: " + alerts.sent[2].message
+    assert alerts.sent[3].message == said
     pager = MemorySink("pager", min_severity="critical")
     with AlertManager([pager], clock=FakeClock(T0)) as manager:
         for alert in alerts.sent:

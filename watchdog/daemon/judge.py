@@ -362,7 +362,12 @@ class Judge:
                 state="resolved",
                 ts=ev.end_ts or ev.ts,
                 title=TITLES["chat_slowed"],
-                message=ev.message,
+                # Not the slowdown's own resolution word for word: a sink that shows both
+                # (the demo's screen, a webhook taking every severity) would show it twice.
+                message=(
+                    f"The slowdown that passed the {human_ms(self.target_p95_ms)} target has "
+                    f"ended: {ev.message}"
+                ),
                 cause=ev.cause,
                 fields=ev.to_dict(),
             )
