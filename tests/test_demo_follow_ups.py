@@ -129,3 +129,7 @@ def test_the_demo_screen_tells_a_warning_from_its_page_and_their_resolutions_apa
         "  >> RESOLVED chat_slowed",
     ]
     assert len(set(said)) == 4, said
+    # The summary lists the two that fired, each with its severity.
+    result = DemoResult(db_path=Path("demo.db"), alerts=sink.result.alerts)
+    listed = [line for line in summary(result) if line.startswith("  alert ")]
+    assert [line.split(":")[0].split()[-1] for line in listed] == ["warning)", "critical)"]

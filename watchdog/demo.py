@@ -447,7 +447,7 @@ def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
         )
     fired = [a for a in result.alerts if a.state == "firing"]
     for a in fired:
-        lines.append(f"  alert            {a.kind} ({a.cause}): {a.message}")
+        lines.append(f"  alert            {a.kind} ({a.cause}, {a.level}): {a.message}")
     told = story(result)
     if told:
         lines.append("  what happened, in order")
