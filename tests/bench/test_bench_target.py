@@ -194,3 +194,6 @@ def test_a_gateway_whose_engine_does_not_answer_from_here_says_so(tmp_path):
     assert not answers(dead)
     line = unreachable_line(dead, "http://gw:8090")
     assert dead in line and "does not answer from here" in line and "--metrics-url" in line
+    # Tried at the gateway's host, it says both: what the gateway named and where it was tried.
+    line = unreachable_line("http://gw:8080", "http://gw:8090", "http://127.0.0.1:8080")
+    assert "names (http://127.0.0.1:8080, tried here at http://gw:8080) does not" in line

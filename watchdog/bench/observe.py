@@ -73,12 +73,17 @@ def on_gateway_host(upstream: str, gateway_url: str) -> str:
     return str(up.copy_with(host=gw.host))
 
 
-def unreachable_line(metrics_url: str, url: str) -> str:
-    """What to print where the engine a gateway names does not answer from this machine."""
+def unreachable_line(metrics_url: str, url: str, named: str | None = None) -> str:
+    """What to print where the engine a gateway names (`named`, where it was tried at
+    another address: `on_gateway_host`) does not answer from this machine."""
+    where = (
+        f"the engine at {metrics_url} that the gateway at {url} names"
+        if named is None or named == metrics_url
+        else f"the engine the gateway at {url} names ({named}, tried here at {metrics_url})"
+    )
     return (
-        f"engine queue figures: the engine at {metrics_url} that the gateway at {url} names "
-        "does not answer from here, so there are none: pass --metrics-url with the engine's "
-        "URL as this machine reaches it"
+        f"engine queue figures: {where} does not answer from here, so there are none: pass "
+        "--metrics-url with the engine's URL as this machine reaches it"
     )
 
 

@@ -284,7 +284,7 @@ def _run(
     metrics_at, metrics_line = metrics_source(server.url, identity, metrics_url)
     if identity and metrics_url is None and metrics_at != server.url:
         if not answers(metrics_at, api_key):
-            metrics_line = unreachable_line(metrics_at, server.url)
+            metrics_line = unreachable_line(metrics_at, server.url, engine_url)
     config = {
         "levels": list(levels),
         "duration_s": seconds,
