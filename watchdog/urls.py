@@ -5,6 +5,7 @@ Pure; shared by the daemon's config, the CLI's URL options and the gateway's --u
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 import httpx
@@ -39,3 +40,21 @@ def check_http_url(url: str, example: str = SERVER_URL_EXAMPLE) -> str:
     if reason:
         raise ValueError(f"expected a URL like {example}, got {url!r} ({reason})")
     return url
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether `host`, as a URL or a listen option holds it (a name, an IPv4 address, an IPv6
+    one with or without brackets), is the loopback: localhost, 127.0.0.0/8 or ::1. Pure: a
+    name other than localhost is not looked up, so it is not loopback here."""
+    if not host:
+        return False
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        addr = ipaddress.ip_address(name.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback

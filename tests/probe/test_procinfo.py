@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_watchdog.probe.procinfo import listening_process_cmdline
+from llm_watchdog.probe.procinfo import listening_process_cmdline, on_this_machine
+from llm_watchdog.urls import is_loopback_host
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -146,3 +147,103 @@ def test_ipv4_mapped_listener_and_unreadable_cmdline(tmp_path: Path) -> None:
     ]
     (proc / "42" / "cmdline").unlink()
     assert listening_process_cmdline(7000, "127.0.0.1", proc) is None
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "LOCALHOST.",
+        "app.localhost",
+        "127.0.0.1",
+        "127.0.0.2",
+        "::1",
+        "[::1]",
+        "0:0:0:0:0:0:0:1",
+        "::ffff:127.0.0.1",
+    ],
+)
+def test_loopback_hosts_in_every_spelling(host: str) -> None:
+    assert is_loopback_host(host)
+    assert on_this_machine(host)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "",
+        None,
+        "0.0.0.0",
+        "::",
+        "192.0.2.1",
+        "10.0.0.1",
+        "gpu-box",
+        "localhost.example.com",
+        "128.0.0.1",
+    ],
+)
+def test_other_hosts_are_not_loopback(host: str | None) -> None:
+    assert not is_loopback_host(host)
+
+
+def test_this_machines_own_names_and_addresses_are_on_it_without_asking_dns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_dns(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a name was looked up")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(socket, "gethostbyname", no_dns)
+    assert on_this_machine(socket.gethostname())
+    assert on_this_machine(socket.gethostname().upper())
+    assert not on_this_machine("gpu-box.example.com")
+    assert not on_this_machine("192.0.2.1")  # TEST-NET-1: no interface holds it
+    assert not on_this_machine("[2001:db8::1]")
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+@pytest.mark.parametrize("server", ["0.0.0.0"], indirect=True)
+def test_an_engine_named_by_this_machines_own_address_is_read_as_local(
+    server: tuple[int, list[str]],
+) -> None:
+    """A server.url with the machine's LAN address, not 127.0.0.1, still names a local engine:
+    its command line is read, as the fingerprint's launch command needs."""
+    from llm_watchdog.cli.bench import _launch_command
+
+    own = _own_address()
+    if own is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    port, argv = server
+    assert on_this_machine(own)
+    assert _launch_command(f"http://{own}:{port}", "auto", identity=None) == argv
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("server", ["::1"], indirect=True)
+def test_localhost_finds_an_engine_that_listens_on_ipv6_loopback_only(
+    server: tuple[int, list[str]],
+) -> None:
+    from llm_watchdog.cli.bench import _launch_command
+
+    port, argv = server
+    assert listening_process_cmdline(port, "localhost") == argv
+    assert _launch_command(f"http://localhost:{port}", "auto", identity=None) == argv

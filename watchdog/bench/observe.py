@@ -20,6 +20,7 @@ import httpx
 from llm_watchdog.bench.scheduler import ENGINES, snapshot
 from llm_watchdog.models import GpuSample
 from llm_watchdog.probe.engine import api_root
+from llm_watchdog.urls import is_loopback_host
 
 
 def metrics_source(
@@ -52,13 +53,6 @@ def metrics_source(
     )
 
 
-LOOPBACK = ("localhost", "::1")
-
-
-def _loopback(host: str | None) -> bool:
-    return host is not None and (host in LOOPBACK or host.startswith("127."))
-
-
 def on_gateway_host(upstream: str, gateway_url: str) -> str:
     """`upstream` as this machine reaches it: a gateway names its engine as it reaches it,
     usually on its own loopback (http://127.0.0.1:8000), which from another machine is that
@@ -68,7 +62,7 @@ def on_gateway_host(upstream: str, gateway_url: str) -> str:
         up, gw = httpx.URL(upstream), httpx.URL(gateway_url)
     except (httpx.InvalidURL, TypeError):
         return upstream
-    if not _loopback(up.host) or _loopback(gw.host) or not gw.host:
+    if not is_loopback_host(up.host) or is_loopback_host(gw.host) or not gw.host:
         return upstream
     return str(up.copy_with(host=gw.host))
 

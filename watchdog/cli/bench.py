@@ -41,7 +41,7 @@ from llm_watchdog.nvml.reader import NvmlReader
 from llm_watchdog.probe.client import Prober
 from llm_watchdog.probe.engine import gateway_identity
 from llm_watchdog.probe.fingerprint import build_fingerprint
-from llm_watchdog.probe.procinfo import listening_process_cmdline
+from llm_watchdog.probe.procinfo import listening_process_cmdline, on_this_machine
 from llm_watchdog.store import bench as stored
 from llm_watchdog.store.db import Store, StoreError
 
@@ -465,9 +465,9 @@ def _launch_command(url: str, configured: str, identity: Any = _UNREAD) -> str |
         return command if isinstance(command, str) else None
     port = server_port(url)
     host = urlsplit(url).hostname or ""
-    if port is None or host not in ("127.0.0.1", "localhost", "::1"):
+    if port is None or not on_this_machine(host):
         return None
-    return listening_process_cmdline(port, host="127.0.0.1" if host == "localhost" else host)
+    return listening_process_cmdline(port, host=host)
 
 
 class _Display:

@@ -52,7 +52,12 @@ from llm_watchdog.probe.engine import (
     resolve_model,
 )
 from llm_watchdog.probe.fingerprint import build_fingerprint, config_hash, describe_change
-from llm_watchdog.probe.procinfo import launch_command, listening_pid, process_tree
+from llm_watchdog.probe.procinfo import (
+    launch_command,
+    listening_pid,
+    on_this_machine,
+    process_tree,
+)
 from llm_watchdog.probe.sets import ProbeSet, load_probe_set
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.records import alert_fired
@@ -306,8 +311,8 @@ class Daemon:
         else:
             port = server_port(self.settings.server.url)
             host = urlsplit(self.settings.server.url).hostname or ""
-            if port is not None and host in ("127.0.0.1", "localhost", "::1"):
-                pid = listening_pid(port, host="127.0.0.1" if host == "localhost" else host)
+            if port is not None and on_this_machine(host):
+                pid = listening_pid(port, host=host)
                 self._engine_pids = process_tree(pid) if pid is not None else set()
         self._compute_pids = self.reader.compute_pids()
 
@@ -324,13 +329,11 @@ class Daemon:
             return (command if isinstance(command, str) else None), f"gateway: {source}"
         port = server_port(s.url)
         host = urlsplit(s.url).hostname or ""
-        if host not in ("127.0.0.1", "localhost", "::1"):
+        if not on_this_machine(host):
             if s.engine_unit:
                 return launch_command(None, host, engine_unit=s.engine_unit)
             return None, f"unreadable: {host} is not this machine; set server.launch_command"
-        return launch_command(
-            port, "127.0.0.1" if host == "localhost" else host, engine_unit=s.engine_unit
-        )
+        return launch_command(port, host, engine_unit=s.engine_unit)
 
     def _gateway_identity(self) -> dict[str, Any] | None:
         """The upstream's identity when server.url is an llm-watchdog gateway, else None."""

@@ -34,6 +34,7 @@ from llm_watchdog.gateway.config import (
 )
 from llm_watchdog.gateway.server import ListenError, serve
 from llm_watchdog.logs import setup_logging
+from llm_watchdog.urls import is_loopback_host
 
 log = logging.getLogger("llm_watchdog.gateway")
 
@@ -506,7 +507,7 @@ def run(
 
 
 def _announce(url: str, config: GatewayConfig) -> None:
-    if config.listen_host not in ("127.0.0.1", "::1", "localhost"):
+    if not is_loopback_host(config.listen_host):
         log.warning(
             "listening on %s, not loopback: anyone who can reach it can use the engine "
             "through it; put it behind a firewall or listen on 127.0.0.1",

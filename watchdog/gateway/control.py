@@ -231,17 +231,16 @@ def upstream_launch(
 ) -> tuple[list[str] | None, str, int | None]:
     """The upstream engine's command line, where it was read (or why not), and the pid that
     listens on its port (None unless on this machine); blocking: /proc, systemctl."""
-    from llm_watchdog.probe.procinfo import launch_command, listening_pid
+    from llm_watchdog.probe.procinfo import launch_command, listening_pid, on_this_machine
 
     parts = urlsplit(upstream_url)
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
     host = parts.hostname or ""
-    if host in ("127.0.0.1", "localhost", "::1"):
-        where = "127.0.0.1" if host == "localhost" else host
-        argv, source = launch_command(port, where, engine_unit=engine_unit)
+    if on_this_machine(host):
+        argv, source = launch_command(port, host, engine_unit=engine_unit)
         # The daemon behind the gateway finds the engine's GPUs by this process's tree: the
         # port it probes is the gateway's own.
-        return argv, source, listening_pid(port, where) if port is not None else None
+        return argv, source, listening_pid(port, host) if port is not None else None
     if engine_unit:
         argv, source = launch_command(None, host, engine_unit=engine_unit)
         return argv, source, None

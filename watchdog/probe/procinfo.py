@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from llm_watchdog.urls import is_loopback_host
+
 _LISTEN = "0A"
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -223,6 +225,20 @@ def _matches(listen: IPAddress, targets: set[IPAddress]) -> bool:
     return any(
         _is_local(t) and (t.version == listen.version or listen.version == 6) for t in targets
     )
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether `host` (from a URL) names this machine, so its listeners can be read here: the
+    loopback, one of this machine's own addresses, or its own host name. Other names are not
+    looked up: DNS can hang, and the caller asks again every minute."""
+    if is_loopback_host(host):
+        return True
+    name = host.strip("[]").rstrip(".")
+    try:
+        addr = ipaddress.ip_address(name.split("%")[0])
+    except ValueError:
+        return bool(name) and name.lower() == socket.gethostname().lower()
+    return _is_local(addr)
 
 
 def _is_local(addr: IPAddress) -> bool:
