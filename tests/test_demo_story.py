@@ -58,7 +58,7 @@ def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_p
     assert "  what happened, in order" in lines
 
 
-def test_the_cut_line_says_how_low_the_allowance_went_before_it_grew_back(tmp_path):
+def test_the_cut_line_names_each_change_before_the_allowance_grew_back(tmp_path):
     # The first cut after the warning is 4 → 3 at 68 s; the allowance goes back to 4, then
     # down to 1 at 101 s, and grows 1 → 4 at 149 s, after the fans are back.
     warn = AlertEvent("drift:heat_warning:1", "heat_warning", "firing", 1047.0, "t", "warming")
@@ -72,7 +72,7 @@ def test_the_cut_line_says_how_low_the_allowance_went_before_it_grew_back(tmp_pa
     )
     told = {step: (t, detail) for t, step, detail in story(result)}
     # The 30 s cut came before the warning; the 0 at 170 s after the regrowth.
-    assert told["cut"] == (68.0, "batch allowance 4 → 3, down to 1 at 101s")
+    assert told["cut"] == (68.0, "batch allowance 4 → 3, then 4 at 80s, 2 at 90s, 1 at 101s")
     assert told["regrown"] == (149.0, "batch allowance 1 → 4")
     # A cut that is the lowest point says no more than the cut.
     result.allowances = [(0.0, 4), (68.0, 2), (149.0, 4)]
@@ -82,7 +82,42 @@ def test_the_cut_line_says_how_low_the_allowance_went_before_it_grew_back(tmp_pa
     result.allowances = [(0.0, 4), (125.0, 5), (130.0, 3), (140.0, 2)]
     told = {step: (t, detail) for t, step, detail in story(result)}
     assert told["regrown"] == (125.0, "batch allowance 4 → 5")
-    assert told["cut"] == (130.0, "batch allowance 5 → 3, down to 2 at 140s")
+    assert told["cut"] == (130.0, "batch allowance 5 → 3, then 2 at 140s")
+    # A probe upward while hot is named, not folded into "down to 0" (it is why chat missed
+    # its target after the cut); past four changes, their count and the lowest.
+    result.allowances = [(0.0, 4), (54.0, 1), (88.0, 2), (96.0, 1), (114.0, 0), (130.0, 1)]
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    assert told["cut"] == (54.0, "batch allowance 4 → 1, then 2 at 88s, 1 at 96s, 0 at 114s")
+    result.allowances = [(0.0, 4), (54.0, 2), *[(60.0 + i, 1 + i % 2) for i in range(6)]]
+    told = {step: (t, detail) for t, step, detail in story(result)}
+    assert told["cut"] == (54.0, "batch allowance 4 → 2, then 6 changes, down to 1 at 60s")
+
+
+def test_the_story_names_the_moment_chat_passed_its_target(tmp_path):
+    warn = AlertEvent("drift:heat_warning:1", "heat_warning", "firing", 1047.0, "t", "warming")
+    slow = AlertEvent(
+        "drift:chat_slowed:9", "chat_slowed", "firing", 1056.0, "t", "slowed, within", "thermal",
+        severity="warning",
+    )  # fmt: skip
+    page = AlertEvent(
+        "drift:chat_slowed:9:over_target", "chat_slowed", "firing", 1093.0, "t",
+        "p95 477 ms, over the 400 ms target", "thermal", severity="critical",
+    )  # fmt: skip
+    result = DemoResult(
+        db_path=tmp_path / "demo.db",
+        alerts=[warn, slow, page],
+        allowances=[(0.0, 4), (54.0, 1)],
+        phases=[("air 32 °C", 0.0, 45.0), ("air 76 °C", 45.0, 120.0), ("air 32 °C", 120.0, 210.0)],
+        started_at=1000.0,
+    )
+    told = [(t, step) for t, step, _ in story(result)]
+    assert (93.0, "over_target") in told
+    assert told.index((56.0, "chat_slowed")) < told.index((93.0, "over_target"))
+    details = {step: detail for _, step, detail in story(result)}
+    assert details["over_target"] == "(thermal) p95 477 ms, over the 400 ms target"
+    # A slowdown that opens over its target pages at once: one step, not two.
+    result.alerts = [warn, page]
+    assert [step for _, step, _ in story(result)].count("over_target") == 0
 
 
 def test_the_regrown_line_says_how_far_the_allowance_grew_back(tmp_path):

@@ -311,8 +311,9 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     """The heat story in the order it happened: (demo seconds, step, detail).
 
     Steps: heat_warning, throttled (the first probe with a thermal bit), chat_slowed (with its
-    cause), cut (the first allowance cut after the warning or the slowdown, and the lowest
-    level before the regrowth), fans_back (the scenario's ambient returns), resolved (the
+    cause), over_target (where the slowdown passed chat's target and paged), cut (the first
+    allowance cut after the warning or the slowdown, and each change after it before the
+    regrowth), fans_back (the scenario's ambient returns), resolved (the
     slowdown's event ends), regrown (the first raise of the allowance after the fans return).
     The last two are judged apart: the event ends when chat is back at its baseline, the
     allowance grows when chat's p95 is well under its target and the clocks have settled, so
@@ -345,6 +346,17 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
     slow = first_alert("chat_slowed", "firing")
     if slow is not None:
         steps.append((at(slow.ts), "chat_slowed", f"({slow.cause}) {slow.message}"))
+    # The page, where chat passed its target: the one moment a user of the chat felt it.
+    page = next(
+        (
+            a
+            for a in result.alerts
+            if a.kind == "chat_slowed" and a.state == "firing" and a.severity == "critical"
+        ),
+        None,
+    )
+    if page is not None and page is not slow:
+        steps.append((at(page.ts), "over_target", f"({page.cause}) {page.message}"))
     begin = min(
         (t for t, step, _ in steps if step in ("heat_warning", "chat_slowed")), default=None
     )
@@ -384,12 +396,17 @@ def story(result: DemoResult) -> list[tuple[float, str, str]]:
         # while the card is hot, and "cut 4 → 3" then "regrown 1 → 4" reads as a gap.
         t_cut, before, after = cut
         end = regrown_at if regrown_at is not None and regrown_at > t_cut else float("inf")
-        low_t, low = min(
-            ((t, a) for t, a in result.allowances if t_cut <= t < end), key=lambda x: (x[1], x[0])
-        )
+        later = [(t, a) for t, a in result.allowances if t_cut < t < end]
         detail = f"batch allowance {before} → {after}"
-        if low < after:
-            detail += f", down to {low} at {low_t:.0f}s"
+        if 0 < len(later) <= 4:
+            # Each change while hot: a probe upward on the hot card is why chat may miss
+            # its target after the cut, and "4 → 1, down to 0" would hide it.
+            detail += ", then " + ", ".join(f"{a} at {t:.0f}s" for t, a in later)
+        elif later:
+            low_t, low = min(later, key=lambda x: (x[1], x[0]))
+            detail += f", then {len(later)} changes" + (
+                f", down to {low} at {low_t:.0f}s" if low < after else ""
+            )
         steps.append((t_cut, "cut", detail))
     return sorted(steps, key=lambda s: s[0])
 

@@ -223,10 +223,14 @@ def test_ours_freezes_only_while_the_clock_falls_under_heat() -> None:
         inp(5.0, 300.0, gpu=GpuState(SW_THERMAL_SLOWDOWN, 1700.0, MAX_MHZ), batch_inflight=10)
     )
     assert a.kind == "freeze" and a.inputs["clock_drop"] == pytest.approx(1 - 1700 / 1800, abs=1e-4)
-    # settled at 1700 MHz, still throttled: frozen until it has held 60 s, then free
+    assert a.reason.endswith("the ceiling frozen while the clock falls under heat")
+    # settled at 1700 MHz, still throttled: frozen until it has held 60 s, then free; the
+    # reason says so, not "while throttled", which the growth after it would contradict
     settled = GpuState(SW_THERMAL_SLOWDOWN, 1700.0, MAX_MHZ)
     assert c.step(inp(10.0, 300.0, gpu=settled, batch_inflight=10)).kind == "freeze"
-    assert c.step(inp(69.0, 300.0, gpu=settled, batch_inflight=10)).kind == "freeze"
+    a = c.step(inp(69.0, 300.0, gpu=settled, batch_inflight=10))
+    assert a.kind == "freeze"
+    assert a.reason.endswith("the ceiling frozen until the clock has held for 60 s")
     assert c.step(inp(70.0, 300.0, gpu=settled, batch_inflight=10)).kind == "grow"
 
 

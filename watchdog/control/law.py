@@ -816,11 +816,21 @@ class AllowanceController:
         limit, why_limit = c.ceiling, f"the ceiling {c.ceiling}"
         if self.frozen_ceiling is not None and self.frozen_ceiling < limit:
             limit = self.frozen_ceiling
-            why_limit = (
-                "the ceiling frozen while the card is throttled"
-                if throttled
-                else "the ceiling frozen until the clocks have settled"
-            )
+            if c.freeze == "falling":
+                # Frozen while the clock falls, released once it has held: a card settled at a
+                # lower clock may grow again, so "while throttled" would be untrue of it.
+                why_limit = (
+                    "the ceiling frozen while the clock falls under heat"
+                    if self.settled_since_s is None
+                    else f"the ceiling frozen until the clock has held for "
+                    f"{c.freeze_release_s:g} s"
+                )
+            else:
+                why_limit = (
+                    "the ceiling frozen while the card is throttled"
+                    if throttled
+                    else "the ceiling frozen until the clocks have settled"
+                )
         hot_cap_cool = (
             c.surge_cap_hot_only
             and self.surge_cap_heat is not None
