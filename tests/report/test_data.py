@@ -66,10 +66,17 @@ def test_throttled_periods_join_throttled_samples_and_ignore_idle() -> None:
     ]
     rows[8] = gpu(T0 + 8, 70.0, 1800.0, SW_POWER_CAP)
     periods = throttled_periods(rows)
+    # A sample stands until the next: four 1-s samples are 4 s, one is 1 s, not none.
     assert [(p.start_ts - T0, p.end_ts - T0, p.label) for p in periods] == [
-        (3.0, 6.0, "heat: sw_thermal_slowdown"),
-        (8.0, 8.0, "power cap: sw_power_cap"),
+        (3.0, 7.0, "heat: sw_thermal_slowdown"),
+        (8.0, 9.0, "power cap: sw_power_cap"),
     ]
+    # The last sample of the data stands for a usual gap; a gap in the samples ends a run
+    # a usual gap after its last sample, not at the next sample minutes later.
+    rows = [gpu(T0 + i, 70.0, 1800.0, SW_POWER_CAP) for i in range(3)]
+    rows += [gpu(T0 + 60 + i, 70.0, 1800.0, SW_POWER_CAP) for i in range(2)]
+    got = [(p.start_ts - T0, p.end_ts - T0) for p in throttled_periods(rows)]
+    assert got == [(0.0, 3.0), (60.0, 62.0)]
 
 
 def test_heat_and_the_power_cap_are_periods_of_their_own_and_heat_wins_where_both_hold() -> None:
@@ -80,15 +87,16 @@ def test_heat_and_the_power_cap_are_periods_of_their_own_and_heat_wins_where_bot
     rows = [gpu(T0 + 10 * i, 70.0, 1800.0, m) for i, m in enumerate(masks)]
     got = [(p.start_ts - T0, p.end_ts - T0, p.label) for p in throttled_periods(rows)]
     assert got == [
-        (0.0, 0.0, "power cap: sw_power_cap"),
-        (20.0, 30.0, "power cap: sw_power_cap"),
-        (40.0, 70.0, "heat: sw_power_cap,sw_thermal_slowdown"),
-        (80.0, 80.0, "power cap: sw_power_cap"),
+        (0.0, 10.0, "power cap: sw_power_cap"),
+        (20.0, 40.0, "power cap: sw_power_cap"),
+        (40.0, 80.0, "heat: sw_power_cap,sw_thermal_slowdown"),
+        (80.0, 90.0, "power cap: sw_power_cap"),
     ]
     report = Report("test", T0, T0 + 100)
     report.throttled = throttled_periods(rows)
     s = report.summary()
-    assert (s["heat_s"], s["power_s"], s["throttled_s"]) == (30.0, 10.0, 40.0)
+    # Four 10-s samples hot and four at the cap (the cap's lone samples were 0 s before).
+    assert (s["heat_s"], s["power_s"], s["throttled_s"]) == (40.0, 40.0, 80.0)
 
 
 def test_from_rows_windows_marks_scatter_and_notes() -> None:

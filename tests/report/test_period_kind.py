@@ -31,8 +31,8 @@ def test_the_kind_comes_from_the_reasons_where_the_period_is_made() -> None:
     masks = [SW_POWER_CAP, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL_SLOWDOWN | SW_POWER_CAP, 0]
     periods = throttled_periods([gpu(T0 + 10 * i, m) for i, m in enumerate(masks)])
     assert [(p.start_ts - T0, p.end_ts - T0, p.kind) for p in periods] == [
-        (0.0, 10.0, POWER),
-        (20.0, 30.0, HEAT),  # heat wins where both hold
+        (0.0, 20.0, POWER),  # each sample stands until the next
+        (20.0, 40.0, HEAT),  # heat wins where both hold
     ]
     # The labels print as before.
     assert [p.label for p in periods] == [
@@ -101,3 +101,15 @@ def test_periods_from_prometheus_carry_their_kind() -> None:
         (0.0, HEAT, "heat"),
         (300.0, POWER, "power cap"),
     ]
+
+
+def test_a_prometheus_point_stands_for_its_step() -> None:
+    from llm_watchdog.report.prometheus import _periods
+
+    # Points 15 s apart: one lone point at the cap is 15 s of it, a run of three 45 s; a
+    # run that ends at a gap ends a step after its last point.
+    values = [[T0 + 15 * i, "1" if i in (1, 4, 5, 6, 10) else "0"] for i in range(9)]
+    values += [[T0 + 150, "1"]]
+    result = [{"metric": {}, "values": values}]
+    got = [(p.start_ts - T0, p.end_ts - T0) for p in _periods(result, 15.0, lambda m: "x")]
+    assert got == [(15.0, 30.0), (60.0, 105.0), (150.0, 165.0)]

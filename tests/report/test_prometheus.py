@@ -128,6 +128,8 @@ def test_report_reads_one_box_from_prometheus(prom: tuple[str, Box, Box]) -> Non
     assert cool.throttled and all(p.label.startswith("power cap:") for p in cool.throttled)
     assert [p.label for p in r.drift][:1] == ["chat_slowed (thermal)"]
     assert r.scatter and not r.notes
+    # histogram_quantile over a rate: each point is the 5 minutes before it, not a window.
+    assert r.window_label == "over the 5 min before each point"
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from PIL import Image
 
 from llm_watchdog.cli import cli
 from llm_watchdog.demo import DemoOptions, run_demo
-from llm_watchdog.report.charts import _time_axis, draw_scatter, report_png
+from llm_watchdog.report.charts import _time_axis, draw_scatter, draw_ttft, report_png
 from llm_watchdog.report.data import from_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -183,3 +183,42 @@ def test_canaries_before_the_count_are_grey_beside_the_coloured_ones() -> None:
     assert coloured.colorbar is not None
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["batch not counted"]
     assert ax.get_title().endswith("coloured by batch in flight")
+
+
+def test_the_p95_legend_names_its_window_and_a_window_too_small_for_a_tail() -> None:
+    """A window of fewer than 20 probes has its slowest probe for its nearest-rank p95, so a
+    spike there is one slow probe: the legend says so, and says nothing where windows hold
+    20 or more."""
+
+    def legend_of(interval_s: float, span_s: float) -> list[str]:
+        n = int(span_s / interval_s)
+        probes = [
+            {"ts": i * interval_s, "ok": True, "cold": False, "ttft_ms": 100.0 + i % 7}
+            for i in range(n)
+        ]
+        r = from_rows(source="t", since_ts=0.0, until_ts=span_s, probes=probes, gpu=[])
+        ax = Figure().add_subplot()
+        assert draw_ttft(ax, r)
+        return [t.get_text() for t in ax.get_legend().get_texts()]
+
+    # 0.5 s apart over 3 minutes: 10-s windows of 20 probes, a true p95.
+    assert legend_of(0.5, 180.0) == ["p50", "p95 per 10 s window"]
+    # 0.6 s apart: 10-s windows of 16 or 17, each p95 its slowest probe.
+    assert legend_of(0.6, 180.0) == ["p50", "p95 per 10 s window of ~17 probes: its slowest"]
+    # The daemon's 10-s default over an hour: 2-minute windows of 12.
+    assert legend_of(10.0, 3600.0) == ["p50", "p95 per 2 min window of ~12 probes: its slowest"]
+
+
+def test_the_title_gives_a_short_span_to_the_second_and_no_axis_has_an_offset_label() -> None:
+    from llm_watchdog.report.charts import _span
+
+    t0 = 1_796_100_291.0  # 2026-12-01 04:44:51 UTC
+    r = from_rows(source="t", since_ts=t0, until_ts=t0 + 212.0, probes=[], gpu=[])
+    assert _span(r) == "2026-12-01 04:44:51 to 04:48:23 UTC"
+    r = from_rows(source="t", since_ts=t0, until_ts=t0 + 86400.0, probes=[], gpu=[])
+    assert _span(r) == "2026-12-01 04:44 to 2026-12-02 04:44 UTC"
+    ax = Figure().add_subplot()
+    _time_axis(ax, r)
+    formatter = ax.xaxis.get_major_formatter()
+    assert formatter.format_ticks(ax.xaxis.get_major_locator()())  # as a drawing does
+    assert formatter.get_offset() == ""

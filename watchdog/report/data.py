@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_watchdog.durations import human_duration
 from llm_watchdog.nvml.throttle import is_power, is_thermal, reason_names
 
 
@@ -73,6 +74,9 @@ class Report:
     # Canaries and no batch counts at all: a daemon that watches no gateway (control off, or
     # the engine served directly). The batch chart is left out and NO_BATCH_NOTE says why.
     no_batch: bool = False
+    # What one p95 point stands for, as its legend says: "per 10 s window", and where a window
+    # holds fewer than 20 probes its nearest-rank p95 is its slowest probe, which it says too.
+    window_label: str = ""
 
     def summary(self) -> dict[str, Any]:
         p95 = [v for v in self.ttft_p95_ms.values if v is not None]
@@ -134,6 +138,23 @@ def ttft_windows(
     return p50, p95
 
 
+def window_label(probes: Sequence[dict[str, Any]], since_ts: float, step_s: float) -> str:
+    """The p95 legend's words for `ttft_windows`' windows: "per 60 s window", and where the
+    usual window holds fewer than 20 probes, that its p95 is its slowest probe (the nearest
+    rank of 19 at 95 % is the 19th), so a spike reads as one slow probe, not a tail."""
+    counts: dict[int, int] = {}
+    for p in probes:
+        if p.get("ok") and not p.get("cold") and p.get("ttft_ms") is not None:
+            i = int((p["ts"] - since_ts) // step_s)
+            counts[i] = counts.get(i, 0) + 1
+    label = f"per {human_duration(step_s)} window"
+    if counts:
+        usual = sorted(counts.values())[len(counts) // 2]
+        if usual < 20:
+            label += f" of ~{usual} probes: its slowest"
+    return label
+
+
 # Said once, at the top of a latency-only report, in place of GPU charts with nothing in them.
 NO_GPU_NOTE = (
     "No GPU telemetry was recorded in this span (latency-only mode: no NVML, or no NVIDIA "
@@ -170,12 +191,16 @@ def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
     last_ts = 0.0
     names: set[str] = set()
     gaps = [b["ts"] - a["ts"] for a, b in zip(gpu, gpu[1:], strict=False)]
-    max_gap = 3.0 * sorted(gaps)[len(gaps) // 2] if gaps else math.inf
+    usual = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
+    max_gap = 3.0 * usual if gaps else math.inf
     for g in gpu:
         mask = g.get("throttle_reasons")
         now = throttle_kind(mask)
         if start is not None and (now != kind or g["ts"] - last_ts > max_gap):
-            periods.append(_throttled(start, last_ts, kind, names))
+            # A sample stands for the time until the next one: a run of one sample is a
+            # second at the cap, not none. Where the samples stopped, a usual gap.
+            end = g["ts"] if g["ts"] - last_ts <= max_gap else last_ts + usual
+            periods.append(_throttled(start, end, kind, names))
             start, names = None, set()
         if now is not None:
             if start is None:
@@ -183,7 +208,7 @@ def throttled_periods(gpu: Sequence[dict[str, Any]]) -> list[Period]:
             names.update(n for n in reason_names(mask) if n != "gpu_idle")
             last_ts = g["ts"]
     if start is not None:
-        periods.append(_throttled(start, last_ts, kind, names))
+        periods.append(_throttled(start, last_ts + usual, kind, names))
     return periods
 
 
@@ -224,6 +249,7 @@ def from_rows(
     report = Report(source, since_ts, until_ts, target_p95_ms=target_p95_ms)
     step = window_s(since_ts, until_ts, probe_interval_s(probes))
     report.ttft_p50_ms, report.ttft_p95_ms = ttft_windows(probes, since_ts, until_ts, step)
+    report.window_label = window_label(probes, since_ts, step)
     for g in gpu:
         report.temp_c.add(g["ts"], g.get("temp_c"))
         report.sm_clock_mhz.add(g["ts"], g.get("sm_clock_mhz"))

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from llm_watchdog.durations import human_duration
 from llm_watchdog.errors import WatchdogError
 from llm_watchdog.report.data import (
     HEAT,
@@ -105,13 +106,15 @@ def _periods(
             ts, v = float(ts_text), _value(text)
             on = v is not None and v > 0
             if start is not None and (not on or ts - (last or ts) > 1.5 * step_s):
-                periods.append(Period(start, last or start, label_of(item["metric"]), kind))
+                # A point stands for its step: a period of one point is a step long, not none.
+                end = ts if ts - (last or ts) <= 1.5 * step_s else (last or start) + step_s
+                periods.append(Period(start, end, label_of(item["metric"]), kind))
                 start = None
             if on:
                 start = ts if start is None else start
                 last = ts
         if start is not None:
-            periods.append(Period(start, last or start, label_of(item["metric"]), kind))
+            periods.append(Period(start, (last or start) + step_s, label_of(item["metric"]), kind))
     return sorted(periods, key=lambda p: p.start_ts)
 
 
@@ -155,6 +158,7 @@ def _report(
     buckets = f"sum by (le) (rate({m('llm_watchdog_ttft_seconds_bucket')}[{rate_window}]))"
     report.ttft_p50_ms = _series(q(f"histogram_quantile(0.5, {buckets})"), 1000.0)
     report.ttft_p95_ms = _series(q(f"histogram_quantile(0.95, {buckets})"), 1000.0)
+    report.window_label = f"over the {human_duration(float(rate_window[:-1]))} before each point"
     report.temp_c = _series(q(f"max({m('llm_watchdog_gpu_temperature_celsius')})"))
     report.sm_clock_mhz = _series(q(f"min({m('llm_watchdog_gpu_sm_clock_mhz')})"))
     # Heat, and the power cap where heat does not hold too: one kind at a time, as the
