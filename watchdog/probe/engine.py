@@ -23,8 +23,10 @@ Base URLs are accepted with or without the `/v1` suffix: `http://host:8000` and
 from __future__ import annotations
 
 import functools
+import json
 import re
 import ssl
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,10 @@ from llm_watchdog.probe.fingerprint import flags
 
 UNREACHABLE = "unreachable"
 UNKNOWN = "unknown"
+
+# The most an info document may hold: /v1/models of a server with hundreds of models is tens
+# of KiB, and an answer that never ends must not fill the daemon's (or the gateway's) memory.
+MAX_DOC_BYTES = 1 << 20
 
 
 class ModelResolveError(EngineError, RuntimeError):
@@ -219,18 +225,47 @@ def gateway_identity(
     try:
         url = api_root(base_url) + "/control/identity"
         with engine_client(None, transport, timeout_s) as client:
-            response = client.get(url)
-        doc = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+            status, body = _get_capped(client, url)
+        doc = json.loads(body) if status == 200 else None
+    except (httpx.HTTPError, ValueError, _TooLarge):
         return None
     if isinstance(doc, dict) and doc.get("gateway") == "llm-watchdog":
         return doc
     return None
 
 
+class _TooLarge(Exception):
+    """An answer past MAX_DOC_BYTES."""
+
+
+def _get_capped(client: httpx.Client, url: str) -> tuple[int, bytes]:
+    """GET `url`: its status and body, read as it comes and given up past MAX_DOC_BYTES or
+    twice the client's read timeout in all (httpx's timeout is per read, so an answer that
+    trickles forever would otherwise never end)."""
+    deadline = time.monotonic() + 2 * (client.timeout.read or 5.0)
+    with client.stream("GET", url) as response:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_DOC_BYTES:
+            raise _TooLarge
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > MAX_DOC_BYTES:
+                raise _TooLarge
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout("the answer did not end in time")
+        return response.status_code, bytes(body)
+
+
 def _get_json(client: httpx.Client, url: str) -> tuple[Any, _Problem | None]:
     try:
-        response = client.get(url)
+        status, body = _get_capped(client, url)
+    except _TooLarge:
+        return None, _Problem(
+            f"{url} answered more than {MAX_DOC_BYTES >> 20} MiB, which no engine's info "
+            "document is: is this URL the LLM server?",
+            unreachable=False,
+        )
     except httpx.TimeoutException:
         return None, _Problem(
             f"no answer from {url} within {client.timeout.read} s: is the server hung or still "
@@ -245,14 +280,12 @@ def _get_json(client: httpx.Client, url: str) -> tuple[Any, _Problem | None]:
             unreachable=True,
             reason=reason,
         )
-    if response.status_code in (401, 403):
-        return None, _Problem(
-            f"{url} answered HTTP {response.status_code}: check the API key", unreachable=False
-        )
-    if response.status_code != 200:
-        return None, _Problem(f"{url} answered HTTP {response.status_code}", unreachable=False)
+    if status in (401, 403):
+        return None, _Problem(f"{url} answered HTTP {status}: check the API key", unreachable=False)
+    if status != 200:
+        return None, _Problem(f"{url} answered HTTP {status}", unreachable=False)
     try:
-        return response.json(), None
+        return json.loads(body), None
     except ValueError:
         return None, _Problem(f"{url} did not answer JSON", unreachable=False)
 
