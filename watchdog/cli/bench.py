@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+import httpx
 
 from llm_watchdog.bench.batchset import BatchSetError, load_batch_set, synthetic_batch_set
 from llm_watchdog.bench.compare import VIA_DIRECT, VIA_GATEWAY, compare_runs, target_label
@@ -32,7 +33,7 @@ from llm_watchdog.bench.summary import (
     stored_interval_note,
 )
 from llm_watchdog.cli.group import Fail, cli, reach_server, settings_from
-from llm_watchdog.cli.output import emit, listing_options, stamp
+from llm_watchdog.cli.output import emit, listing_options, percent, stamp
 from llm_watchdog.cli.urlargs import LAB_URL, SERVER_URL
 from llm_watchdog.cli.worker import run_stoppable
 from llm_watchdog.daemon.service import probe_options, server_port
@@ -86,14 +87,16 @@ LEVEL_HEADERS = {
     "batch_output_unit": "unit",
     "batch_rejected": "rejected",
     "batch_queue_cap_hits": "cap_hits",
-    "batch_wait_p95_ms": "wait_p95",
+    "batch_wait_p95_ms": "wait_p95_ms",
     "engine_waiting_mean": "eng_wait",
     "engine_queue_ms_mean": "eng_q_ms",
     "engine_prefill_ms_mean": "eng_pf_ms",
-    "temp_c_max": "temp_max",
-    "sm_clock_mhz_min": "clk_min",
+    "temp_c_max": "temp_max_c",
+    "sm_clock_mhz_min": "clk_min_mhz",
     "throttled_share": "throttled",
 }
+# Shares of 1 in JSON and CSV; percentages on a table, as the live line prints quality.
+PERCENT_COLUMNS = ("quality_pass_rate", "throttled_share", "quality_a", "quality_b")
 # The per-class view (engine timings per request): in JSON and CSV as columns, under the
 # table as one line a level, with the counts behind each figure.
 PER_CLASS_COLUMNS = [
@@ -319,6 +322,9 @@ def _run(
     say = _Display(sys.stderr.isatty())
     if metrics_line:
         click.echo(f"# {metrics_line}", err=True)
+    lab_line = lab_batch_line(sim_gpu) if sim_gpu else None
+    if lab_line:
+        click.echo(f"# warning: {lab_line}", err=True)
     stop = threading.Event()
     result = BenchResult()
     started = time.time()
@@ -449,6 +455,26 @@ def _sim_nvml(url: str) -> Any:
         ) from None
 
 
+def lab_batch_line(url: str, transport: httpx.BaseTransport | None = None) -> str | None:
+    """A warning where the heat lab at `url` runs a batch job of its own: its streams load
+    the engine at every level besides bench's, so "batch 0" is not batch-free. None where it
+    runs none, or its /sim/state cannot be read (the GPU read at /sim/gpu says so already)."""
+    try:
+        with httpx.Client(transport=transport, timeout=2.0, trust_env=False) as client:
+            resp = client.get(url.rstrip("/") + "/sim/state")
+            resp.raise_for_status()
+            streams = resp.json().get("batch_streams")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(streams, int) or isinstance(streams, bool) or streams <= 0:
+        return None
+    return (
+        f"the heat lab at {url} runs {streams} batch streams of its own besides bench's, so "
+        f"each level has {streams} more than its row says (batch 0 has {streams}); for "
+        "bench's levels alone, start it with `llm-watchdog sim serve --batch-streams 0`"
+    )
+
+
 _UNREAD: Any = object()
 
 
@@ -500,7 +526,7 @@ class _Display:
             + (f"{p95:.0f} ms" if p95 is not None else "-")
             + (" (too few probes for an interval)" if lv.get("chat_interval_note") else "")
             + (f", {right} right answers" if right is not None else "")
-            + (f", quality {q:.0%}" if q is not None else "")
+            + (f", quality {percent(q)}" if q is not None else "")
             + (
                 f", batch {out:.0f} {lv['batch_output_unit']}/s"
                 if out is not None and lv.get("batch_output_unit")
@@ -585,7 +611,16 @@ def _levels(levels: list[dict[str, Any]], fmt: str) -> None:
     columns = (
         LEVEL_COLUMNS if fmt == "table" else LEVEL_COLUMNS + PER_CLASS_COLUMNS + INTERVAL_COLUMNS
     )
-    emit(levels, columns, fmt, headers=LEVEL_HEADERS)
+    emit(as_shown(levels, fmt), columns, fmt, headers=LEVEL_HEADERS)
+
+
+def as_shown(rows: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """Rows for `fmt`: on a table, shares as percentages; JSON and CSV keep the numbers."""
+    if fmt != "table":
+        return rows
+    return [
+        dict(r, **{c: percent(r[c]) for c in PERCENT_COLUMNS if r.get(c) is not None}) for r in rows
+    ]
 
 
 def _interval_lines(levels: list[dict[str, Any]]) -> list[str]:
@@ -626,6 +661,14 @@ def _per_class_lines(levels: list[dict[str, Any]]) -> list[str]:
 @click.pass_context
 def compare_cmd(ctx: click.Context, a: int, b: int, db: str | None, fmt: str) -> None:
     """What differs between runs A and B, and B's chat p95 against A's per level."""
+    if a == b:
+        # Every difference would be 0 and every verdict "same": a table that reads as a
+        # result, not as the mistyped id it is.
+        raise click.UsageError(
+            f"#{a} against itself: the same run, nothing to compare; give two run ids"
+            ": `llm-watchdog bench list` shows them",
+            ctx=ctx,
+        )
     with _store(ctx, db, must_exist=True) as store:
         run_a, run_b = _get(store, a), _get(store, b)
         chat_a = stored.run_requests(store, a, "chat")
@@ -638,10 +681,12 @@ def compare_cmd(ctx: click.Context, a: int, b: int, db: str | None, fmt: str) ->
         for line in result["quality_drops"]:
             click.echo(f"QUALITY: {line}")
         click.echo(f"B (#{b}) against A (#{a}): what differs")
-        for d in result["differences"] or [{"variable": "(nothing)", "a": "", "b": ""}]:
+        for d in result["differences"]:
             click.echo(f"  {d['variable']}: {d['a']} -> {d['b']}")
+        if not result["differences"]:
+            click.echo("  nothing")
         for w in result["warnings"]:
             click.echo(f"warning: {w}")
         for line in result["scheduler"]:
             click.echo(f"scheduler: {line}")
-    emit(result["levels"], COMPARE_COLUMNS, fmt)
+    emit(as_shown(result["levels"], fmt), COMPARE_COLUMNS, fmt)

@@ -50,6 +50,21 @@ def stamp(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def percent(share: float | None) -> str | None:
+    """A share of 1 as a percentage for a person to read ("95%"); None stays None.
+
+    Whole percents, but never 100% or 0% for a share that is not exactly that: one wrong
+    answer in 300 reads 99.7%, not a perfect score."""
+    if share is None or math.isnan(share):
+        return None
+    text = f"{share:.0%}"
+    if text == "100%" and share < 1:
+        return "<100%" if f"{share:.1%}" == "100.0%" else f"{share:.1%}"
+    if text == "0%" and share > 0:
+        return ">0%" if f"{share:.1%}" == "0.0%" else f"{share:.1%}"
+    return text
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
@@ -68,6 +83,13 @@ def _cell(value: Any) -> str:
 def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
+    # 1/0, as SQLite stores a flag and `history --csv` and `--export-trace` write it: pandas
+    # and spreadsheets read a number, where Python's True/False is text to them.
+    if isinstance(value, bool):
+        return int(value)
+    # JSON, not Python's repr: `json.loads` reads the cell back (None is null, not None).
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, default=str)
     return printable(value) if isinstance(value, str) else value
 
 

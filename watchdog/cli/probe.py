@@ -17,6 +17,7 @@ from llm_watchdog.cli.group import (
 from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.cli.urlargs import SERVER_URL
 from llm_watchdog.daemon.service import probe_options
+from llm_watchdog.drift import classify_cold
 from llm_watchdog.probe.client import Prober
 
 # ---- probe ----------------------------------------------------------------------------------
@@ -24,6 +25,7 @@ from llm_watchdog.probe.client import Prober
 PROBE_COLUMNS = [
     "prompt_id",
     "ok",
+    "cold",
     "ttft_ms",
     "total_ms",
     "output_tokens",
@@ -64,6 +66,8 @@ def probe(
 ) -> None:
     """Send one round of the probe set to a server and print what each probe measured.
 
+    `cold` marks what the daemon would count as a cold start, not steady-state chat: the
+    probes before the server's first answer, and any that timed a model load (Ollama).
     Exits 1 when any probe failed or gave a wrong answer.
     """
 
@@ -89,10 +93,22 @@ def probe(
         target.engine,
     )
     results = []
+    last_ok_ts: float | None = None
     with Prober(server.url, chosen, probe_options(settings, engine), api_key=api_key) as prober:
         for _ in range(rounds):
             for prompt in pset.prompts:
-                results.append(prober.probe(prompt, pset.name))
+                result = prober.probe(prompt, pset.name)
+                # The daemon's rule (Daemon.probe_once): until a probe has been answered the
+                # engine has not shown it is warm, so the first one may time a model load.
+                cold = classify_cold(
+                    ts=result.ts,
+                    previous_ts=last_ok_ts,
+                    load_duration_ms=result.load_duration_ms,
+                    idle_after_s=settings.drift.cold_after_idle_s,
+                ).cold
+                if result.ok:
+                    last_ok_ts = result.ts
+                results.append(replace(result, cold=cold))
     rows = [_probe_row(r) for r in results]
     if fmt == "table":
         click.echo(
