@@ -170,9 +170,11 @@ class OneLineGroup(click.Group):
                 click.echo(exc.ctx.get_help())
                 sys.exit(EXIT_USAGE)
             where = exc.ctx.command_path if exc.ctx is not None else "llm-watchdog"
-            click.echo(
-                f"{where}: {printable(exc.format_message())} (see `{where} --help`)", err=True
-            )
+            message = printable(exc.format_message())
+            if isinstance(exc, click.NoSuchOption) and exc.option_name == "--config":
+                # The README's "--config FILE" is the group's option: it goes first.
+                message += "; --config goes before the command: llm-watchdog --config FILE ..."
+            click.echo(f"{where}: {message} (see `{where} --help`)", err=True)
             sys.exit(EXIT_USAGE)
         except click.ClickException as exc:
             exc.show()
@@ -182,6 +184,11 @@ class OneLineGroup(click.Group):
             sys.exit(EXIT_FAILURE)
         except (KeyboardInterrupt, EOFError):
             click.echo("llm-watchdog: interrupted", err=True)
+            sys.exit(EXIT_FAILURE)
+        except StorageError as exc:
+            # A damaged or vanished database met while reading: one line of its own (what
+            # happened to which file, what to try), not "a bug".
+            click.echo(f"llm-watchdog: {printable(str(exc))}", err=True)
             sys.exit(EXIT_FAILURE)
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # `llm-watchdog history | head`

@@ -507,6 +507,11 @@ def _describe(exc: sqlite3.Error, path: str, busy_timeout_s: float, opening: boo
             f"database {path} is locked: another process held it for more than "
             f"{busy_timeout_s:g} s ({msg}); is a second watchdog writing to it?"
         )
+    if "malformed" in msg or "corrupt" in msg:
+        return (
+            f"database {path} is damaged ({msg}): move it away (the daemon starts a new one), "
+            f"restore a copy, or try `sqlite3 {path} .recover > recovered.sql`"
+        )
     if "full" in msg:
         return f"database {path}: disk full ({msg}); free space or set storage.path"
     return f"database {path}: {msg}"
