@@ -207,3 +207,48 @@ def test_a_port_in_use_fails_at_construction() -> None:
         # A ConfigError naming api.listen: the daemon exits 78, which systemd does not restart.
         with pytest.raises(ConfigError, match=r"^api\.listen: cannot listen on"):
             ApiServer("127.0.0.1", port, status_of, ProbeMetrics())
+
+
+def test_clients_that_send_and_never_read_are_dropped_and_a_scrape_gets_through() -> None:
+    """Pipelined requests with no reading fill the socket: each such connection is busy in
+    its write, never idle, so it is never closed to make room; the idle timeout drops it."""
+    import time
+
+    server = ApiServer(
+        "127.0.0.1",
+        0,
+        lambda: {"x": "y" * 6000},
+        ProbeMetrics(),
+        max_connections=4,
+        idle_timeout_s=1.0,
+    ).start()
+    addr = server._sock.getsockname()[:2]
+    data = b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n" * 3000
+    stuck = []
+    try:
+        for _ in range(4):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(addr)
+            s.setblocking(False)
+            stuck.append(s)
+        sent = [0] * len(stuck)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            for i, s in enumerate(stuck):
+                try:
+                    sent[i] += s.send(data[sent[i] :])
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        assert all(n > 0 for n in sent)
+        deadline = time.monotonic() + 10
+        while server.open_connections and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.open_connections == 0  # all four dropped, none waiting on a reader
+        r = httpx.get(server.url + "/status", timeout=5)
+        assert r.status_code == 200 and r.json()["x"] == "y" * 6000
+    finally:
+        for s in stuck:
+            s.close()
+        server.stop()

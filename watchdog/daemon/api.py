@@ -500,6 +500,7 @@ class ApiServer:
             writer.transport.abort()
             return
         self._conns[writer] = True
+        wait = self.idle_timeout_s
         try:
             while True:
                 self._conns[writer] = True
@@ -508,7 +509,9 @@ class ApiServer:
                         reader.readuntil(b"\r\n\r\n"), self.idle_timeout_s
                     )
                 except asyncio.LimitOverrunError:
-                    await _write(writer, *_plain(431, "request head too large"), keep=False)
+                    await _write(
+                        writer, *_plain(431, "request head too large"), keep=False, timeout_s=wait
+                    )
                     return
                 except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError):
                     return
@@ -517,22 +520,28 @@ class ApiServer:
                 self._conns[writer] = False
                 request = _parse_head(head)
                 if request is None:
-                    await _write(writer, *_plain(400, "bad request"), keep=False)
+                    await _write(writer, *_plain(400, "bad request"), keep=False, timeout_s=wait)
                     return
                 method, target, version, headers = request
                 length = headers.get("content-length", "0")
                 if not length.isdigit() or int(length) > MAX_HEAD_BYTES:
-                    await _write(writer, *_plain(413, "no request body expected"), keep=False)
+                    await _write(
+                        writer, *_plain(413, "no request body expected"), keep=False, timeout_s=wait
+                    )
                     return
                 if int(length):
                     await asyncio.wait_for(reader.readexactly(int(length)), self.idle_timeout_s)
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 status, ctype, body = self._answer(method, target, headers)
-                await _write(writer, status, ctype, b"" if method == "HEAD" else body, keep=keep)
+                answer = b"" if method == "HEAD" else body
+                await _write(writer, status, ctype, answer, keep=keep, timeout_s=wait)
                 if not keep:
                     return
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError):
             return  # the client left mid-request or mid-answer
+        except asyncio.TimeoutError:
+            # A client that stopped reading: close() would wait for its unread answer.
+            writer.transport.abort()
         finally:
             self._conns.pop(writer, None)
             writer.close()
@@ -570,7 +579,13 @@ REASONS = {
 
 
 async def _write(
-    writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, *, keep: bool
+    writer: asyncio.StreamWriter,
+    status: int,
+    ctype: str,
+    body: bytes,
+    *,
+    keep: bool,
+    timeout_s: float = 30.0,
 ) -> None:
     head = (
         f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
@@ -579,7 +594,10 @@ async def _write(
         f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
     )
     writer.write(head.encode("latin-1") + body)
-    await writer.drain()
+    # A client that sends and never reads fills the socket: past the idle timeout it is
+    # dropped, or it would hold its place among max_connections for ever (a busy connection
+    # is never closed to make room).
+    await asyncio.wait_for(writer.drain(), timeout_s)
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:
