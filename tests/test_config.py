@@ -260,3 +260,12 @@ def test_a_bad_alerts_value_from_the_environment_names_the_variable(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_settings(None, env={"LLM_WATCHDOG__ALERTS__MIN_SEVERITY": "loud"})
     assert str(err.value).startswith("environment variable LLM_WATCHDOG__ALERTS__MIN_SEVERITY")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 99999999999999999999999999])
+def test_a_seed_an_engine_would_refuse_is_a_config_error(seed):
+    # Sent with every probe: past 32 bits llama.cpp refuses it, and every probe would fail.
+    with pytest.raises(ConfigError, match=r"\[probe\].*seed must be from 0 to 4294967295"):
+        settings_from_dict({"probe": {"seed": seed}}, "t.toml")
+    assert settings_from_dict({"probe": {"seed": 0}}, "t.toml").probe.seed == 0
+    assert settings_from_dict({"probe": {"seed": 2**32 - 1}}, "t.toml").probe.seed == 2**32 - 1

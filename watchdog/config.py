@@ -101,6 +101,11 @@ class ProbeSettings:
     def __post_init__(self) -> None:
         # The timeouts need no order: total_timeout bounds the probe whatever the others say.
         d = format_duration
+        if not 0 <= self.seed <= 0xFFFFFFFF:
+            # Sent with every probe: llama.cpp reads it as 32 bits and vLLM as 64, and an
+            # engine that refuses it fails every probe. -1 (llama.cpp's "random") would make
+            # the canary's answer change from probe to probe.
+            raise ValueError(f"seed must be from 0 to 4294967295, got {self.seed}")
         if self.jitter_s > self.interval_s:
             raise ValueError(
                 f"jitter ({d(self.jitter_s)}) must be at most interval ({d(self.interval_s)}): "
