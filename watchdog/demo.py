@@ -106,7 +106,15 @@ class _ScreenSink:
         # A firing alert says its severity: a chat slowdown warns within the target and pages
         # past it, under its own key, and the screen shows both.
         mark = "RESOLVED" if alert.state == "resolved" else f"ALERT ({alert.level})"
-        self.say(f"  >> {mark} {alert.kind}: {alert.message}")
+        message = alert.message
+        if alert.state == "resolved":
+            # The page's resolution carries the warning's, resolved a line above, after its
+            # own words: on screen, its own words alone, or it reads as the same line twice.
+            told = [a.message for a in self.result.alerts[:-1] if a.state == "resolved"]
+            said = next((m for m in told if message.endswith(": " + m)), None)
+            if said is not None:
+                message = message[: -len(said) - 2] + " (as above)"
+        self.say(f"  >> {mark} {alert.kind}: {message}")
 
     def close(self) -> None:
         pass
