@@ -150,6 +150,10 @@ def test_run_subprocess_writes_rows_and_stops_on_sigterm(tmp_path, db_path):
         assert [e["kind"] for e in events] == ["nvml_unavailable"]
         assert err.count("latency-only") == 1
     assert "watching " + srv.url in err
+    # An engine not identified yet is said so, not "engine unknown unknown".
+    watching = next(line for line in err.splitlines() if "watching " + srv.url in line)
+    assert "unknown" not in watching, watching
+    assert "engine not known yet, read again every 1 min" in watching or "(model" in watching
     # Parsed, not matched as text: prometheus-client orders a sample's labels its own way.
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

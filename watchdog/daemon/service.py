@@ -38,6 +38,7 @@ from llm_watchdog.daemon.notify import Heartbeat, Notifier
 from llm_watchdog.daemon.steer import Steer, gateway_steer
 from llm_watchdog.daemon.storage import OwedAlerts, Say, StorageHealth
 from llm_watchdog.drift import classify_cold
+from llm_watchdog.durations import human_duration
 from llm_watchdog.errors import EXIT_FAILURE, ConfigError, StorageError
 from llm_watchdog.models import Fingerprint, GpuEvent, GpuSample, ProbeResult
 from llm_watchdog.nvml.reader import NvmlReader
@@ -742,12 +743,18 @@ class Daemon:
         if self.api is None:
             self.start_api()
         self.start_jobs()
+        e = self.engine
+        # "engine unknown unknown" reads as a fault in the message itself.
+        if e.engine in ("unknown", "unreachable"):
+            every = human_duration(self.settings.probe.fingerprint_interval_s)
+            engine = f"engine not known yet, read again every {every}"
+        else:
+            engine = f"engine {e.engine}" + (f" {e.version}" if e.version != "unknown" else "")
         log.info(
-            "watching %s (model %s, engine %s %s); probe every %ss; database %s",
+            "watching %s (model %s, %s); probe every %ss; database %s",
             self.settings.server.url,
             self.model or "auto",
-            self.engine.engine,
-            self.engine.version,
+            engine,
             self.settings.probe.interval_s,
             self.settings.storage.path,
         )
