@@ -382,7 +382,11 @@ KEYS = GatewayConfig(key_classes={"sk-b": "batch", "sk-c": "chat"}, default_clas
 @pytest.mark.parametrize(
     ("headers", "expected"),
     [
-        ([(b"x-traffic-class", b"chat"), (b"authorization", b"Bearer sk-b")], "chat"),
+        # A key's class outranks the header: the header may lower it, never raise it.
+        ([(b"x-traffic-class", b"chat"), (b"authorization", b"Bearer sk-b")], "batch"),
+        ([(b"x-traffic-class", b"batch"), (b"authorization", b"Bearer sk-c")], "batch"),
+        ([(b"x-traffic-class", b"chat"), (b"authorization", b"Bearer sk-c")], "chat"),
+        ([(b"x-traffic-class", b"chat"), (b"authorization", b"Bearer unknown")], "chat"),
         ([(b"x-traffic-class", b" BATCH ")], "batch"),
         ([(b"authorization", b"Bearer sk-c")], "chat"),
         ([(b"authorization", b"bearer  sk-c ")], "chat"),

@@ -765,13 +765,14 @@ def test_other_paths_pass_through_with_method_query_headers_and_body(
     ("headers", "expected"),
     [
         ({"X-Traffic-Class": "batch"}, "batch"),
-        ({"X-Traffic-Class": "Chat", "Authorization": "Bearer sk-batch-job"}, "chat"),
+        ({"X-Traffic-Class": "Chat", "Authorization": "Bearer sk-batch-job"}, "batch"),
+        ({"X-Traffic-Class": "Chat", "Authorization": "Bearer sk-someone-else"}, "chat"),
         ({"Authorization": "Bearer sk-batch-job"}, "batch"),
         ({"Authorization": "Bearer sk-someone-else"}, "chat"),
         ({}, "chat"),
     ],
 )
-def test_class_comes_from_header_then_key_then_default(
+def test_class_comes_from_key_then_header_then_default(
     shared_gw: GatewayServer, http: httpx.Client, headers: dict[str, str], expected: str
 ) -> None:
     gw = shared_gw

@@ -23,6 +23,7 @@ import math
 import re
 import shlex
 import time
+import unicodedata
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -43,6 +44,11 @@ MAX_LEASE_S = 86400.0
 # C0 and C1 controls (newline, ESC of an ANSI sequence, ...), DEL, and Unicode's line and
 # paragraph separators: a reason is logged, and must stay on one line and print as it reads.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Unicode's format characters (category Cf: the bidi overrides and isolates U+202A-202E and
+# U+2066-2069, zero-width U+200B-200F, U+FEFF, tags U+E0000-E007F, ...) print as nothing
+# but reorder or hide what follows them; lone surrogates (Cs) cannot be written as UTF-8,
+# to the log or in a JSON answer. Both are dropped.
+_INVISIBLE = frozenset(("Cf", "Cs"))
 # The engine's identity is re-read at most this often: it changes with a restart, not a request.
 IDENTITY_TTL_S = 30.0
 
@@ -184,8 +190,12 @@ def parse_put(data: Any, ceiling: int) -> tuple[int, float | None, str] | str:
 
 
 def clean_reason(reason: str) -> str:
-    """`reason` on one printable line: control characters become spaces, then cut short."""
-    return _UNPRINTABLE.sub(" ", reason[:MAX_REASON_CHARS])
+    """`reason` on one printable line, cut short: control characters become spaces, and
+    format characters and lone surrogates are dropped."""
+    text = _UNPRINTABLE.sub(" ", reason[:MAX_REASON_CHARS])
+    if text.isascii():  # the common case, and no ASCII character is Cf or Cs
+        return text
+    return "".join(ch for ch in text if unicodedata.category(ch) not in _INVISIBLE)
 
 
 def _short(value: Any) -> str:
@@ -270,15 +280,42 @@ def upstream_identity(upstream_url: str, engine_unit: str = "") -> dict[str, Any
 
 async def read_identity(app_state: Any, gw: Gateway) -> dict[str, Any]:
     """The upstream's identity, re-read when older than IDENTITY_TTL_S; it also names the
-    engine in the TTFT histogram's `engine` label."""
+    engine in the TTFT histogram's `engine` label.
+
+    One read at a time: everyone who finds the cache stale waits on the read in progress.
+    A read per request would hold a connection to the engine and a thread of the default
+    pool (which engine-slots detection uses too) each, for as long as an engine that
+    accepts and never answers keeps them, and anyone may ask: the path needs no token.
+    """
     cached = getattr(app_state, "identity_cache", None)
-    now = time.monotonic()
-    if cached is None or now - cached[0] > IDENTITY_TTL_S:
+    if cached is not None and time.monotonic() - cached[0] <= IDENTITY_TTL_S:
+        return dict(cached[1])
+    flight: asyncio.Task[dict[str, Any]] | None = getattr(app_state, "identity_flight", None)
+    if flight is None:
+        flight = asyncio.get_running_loop().create_task(_read_identity_once(app_state, gw))
+        flight.add_done_callback(_retrieve)
+        app_state.identity_flight = flight
+    # Shielded: a waiter that goes (its client left) does not cancel the read for the rest.
+    return dict(await asyncio.shield(flight))
+
+
+async def _read_identity_once(app_state: Any, gw: Gateway) -> dict[str, Any]:
+    try:
+        now = time.monotonic()
         ident = await asyncio.to_thread(upstream_identity, gw.config.upstream_url, gw.engine_unit)
-        cached = (now, ident)
-        app_state.identity_cache = cached
+        app_state.identity_cache = (now, ident)
         gw.observer.engine = str(ident.get("engine") or "unknown")
-    return dict(cached[1])
+        return ident
+    finally:
+        # The next reader after this one finds the cache, or (this read failed) starts anew.
+        app_state.identity_flight = None
+
+
+def _retrieve(flight: asyncio.Task[Any]) -> None:
+    # A read whose waiters all left still fails quietly: asyncio would log it as never
+    # retrieved. Those who waited got the error themselves.
+    if not flight.cancelled():
+        flight.exception()
 
 
 async def get_identity(request: Request) -> Response:

@@ -22,10 +22,11 @@ import asyncio
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from llm_watchdog.gateway.config import CLASSES, GatewayConfig
+from llm_watchdog.gateway.config import BATCH, CLASSES, GatewayConfig
 from llm_watchdog.gateway.observe import model_of
 from llm_watchdog.gateway.upstream import Upstream, UpstreamBroken, UpstreamError
 
@@ -53,7 +54,9 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+# X-Traffic-Class is the client's claim, read here and settled by `classify`; the engine
+# (or a gateway behind this one) must not take it for the class the gateway gave.
+_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"expect", CLASS_HEADER}
 # uvicorn writes its own Date header; two would confuse clients.
 _DROP_RESPONSE = _HOP_BY_HOP | {b"date"}
 STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
@@ -124,7 +127,12 @@ class ClassError(ValueError):
 
 
 def classify(headers: list[tuple[bytes, bytes]], config: GatewayConfig) -> str:
-    """X-Traffic-Class, else the class of the bearer key, else the default class."""
+    """The class of the bearer key, else X-Traffic-Class, else the default class.
+
+    A key's class is the operator's word and the header the client's, so where the key has
+    a class the header may only lower it to batch (a chat key marking a bulk job), never
+    raise it: a batch key claiming chat would skip the batch allowance and `priority`.
+    """
     named: bytes | None = None
     auth: bytes | None = None
     for key, value in headers:
@@ -132,20 +140,22 @@ def classify(headers: list[tuple[bytes, bytes]], config: GatewayConfig) -> str:
             named = value
         elif key == b"authorization":
             auth = value
+    claimed: str | None = None
     if named is not None:
-        cls = named.decode("latin-1").strip().lower()
-        if cls not in CLASSES:
+        claimed = named.decode("latin-1").strip().lower()
+        if claimed not in CLASSES:
             raise ClassError(
-                f"unknown traffic class {cls!r} in X-Traffic-Class: use one of {', '.join(CLASSES)}"
+                f"unknown traffic class {claimed!r} in X-Traffic-Class: "
+                f"use one of {', '.join(CLASSES)}"
             )
-        return cls
+    keyed: str | None = None
     if auth is not None and config.key_classes:
         scheme, _, api_key = auth.decode("latin-1").partition(" ")
         if scheme.lower() == "bearer":
-            found = config.key_classes.get(api_key.strip())
-            if found is not None:
-                return found
-    return config.default_class
+            keyed = config.key_classes.get(api_key.strip())
+    if keyed is not None:
+        return BATCH if claimed == BATCH else keyed
+    return claimed if claimed is not None else config.default_class
 
 
 def forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -174,18 +184,52 @@ class BodyError(ValueError):
 def inject_priority(body: bytes, field: str, value: int) -> bytes:
     """`body` with `field` set to `value` when it is a JSON object; otherwise unchanged.
 
-    Raises BodyError for JSON nested deeper than the parser's recursion limit.
+    Raises BodyError for a body that opens like a JSON object but does not parse here (an
+    integer past Python's digit limit, JSON nested deeper than the parser's recursion
+    limit, a typo), and for one whose numbers have no JSON form once parsed (1e400 reads
+    as infinity). Forwarded as it came, such a body would skip `priority` where the
+    engine's parser is more lenient than this one, or reach the engine as `Infinity`.
     """
     try:
         data = json.loads(body)
-    except ValueError:  # includes UnicodeDecodeError
-        return body
     except RecursionError:
         raise BodyError("the JSON body nests deeper than the gateway reads: flatten it") from None
+    except ValueError as exc:  # includes UnicodeDecodeError
+        if not _opens_an_object(body):
+            return body  # not JSON (a form, a file): nothing to add a field to
+        raise BodyError(_unreadable(exc, field)) from None
     if not isinstance(data, dict):
         return body
     data[field] = value
-    return json.dumps(data, separators=(",", ":")).encode()
+    try:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        raise BodyError(
+            f"the gateway cannot add {field!r} to the JSON body: it holds a number out of "
+            "JSON's range (1e400 reads as infinity; NaN): send finite numbers"
+        ) from None
+    except RecursionError:
+        raise BodyError("the JSON body nests deeper than the gateway reads: flatten it") from None
+
+
+def _opens_an_object(body: bytes) -> bool:
+    # JSON's whitespace (RFC 8259 section 2), after the BOM json.loads accepts.
+    return body.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n").startswith(b"{")
+
+
+def _unreadable(exc: ValueError, field: str) -> str:
+    """The one line for a body that opens like a JSON object and does not parse."""
+    if isinstance(exc, json.JSONDecodeError):
+        why = f"it is not valid JSON ({exc.msg} at character {exc.pos})"
+        fix = "send a valid JSON object"
+    elif isinstance(exc, UnicodeDecodeError):
+        why, fix = "it is not UTF-8", "send it encoded as UTF-8"
+    else:
+        # Python parses at most sys.get_int_max_str_digits() digits into an int (4300 unless
+        # set; CVE-2020-10735). The limit and this error came in the same releases.
+        why = f"it holds an integer longer than {sys.get_int_max_str_digits()} digits"
+        fix = "send fewer digits, or the number as a string"
+    return f"the gateway cannot add {field!r} to the JSON body: {why}: {fix}"
 
 
 def error_body(message: str, kind: str, code: str) -> bytes:
