@@ -46,3 +46,45 @@ def test_headroom_target_below_a_millisecond_or_unreadable_is_a_usage_error(db_p
     )
     assert out.exit_code == 2, out.output
     assert "--target" in out.output and "Traceback" not in out.output
+
+
+def test_without_target_the_daemons_own_target_is_used_and_named(db_path):
+    """A database from a daemon steering by 400 ms, read where the config says 2 s (the
+    demo's, another box's): the map is judged by 400 ms, and both commands say whose."""
+    from llm_watchdog.control.law import ControlAction
+    from llm_watchdog.store.control import action_row, record_action
+
+    now = time.time()
+    with Store(db_path) as store:
+        fill(store, now)
+        assert targets(db_path) == {2000.0}  # no decision stored: the config's
+        for i, target in enumerate((1000.0, 400.0)):
+            action = ControlAction(now - 60 + i, 4, 4, "hold 4", {"target_p95_ms": target})
+            record_action(store, action_row(action, ts=now - 60 + i))
+    assert targets(db_path) == {400.0}  # the newest decision's
+    assert targets(db_path, "--target", "1.5s") == {1500.0}
+
+    def say(*args: str) -> str:
+        out = CliRunner().invoke(
+            cli, list(args), env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}, obj={}
+        )
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    assert "target 400 ms (the daemon's)" in say("headroom", "--since", "3h")
+    row = next(line for line in say("status").splitlines() if line.startswith("headroom"))
+    assert row.endswith("; against the 400 ms target (the daemon's)"), row
+    row = next(line for line in say("status", "--target", "2s").splitlines() if "headroom" in line)
+    assert row.endswith("; against the 2.0 s target (given)"), row
+    status = json.loads(say("status", "--json"))["headroom"]
+    assert (status["target_ms"], status["target_from"]) == (400.0, "the daemon's")
+    # report too: its target line and its misses are the daemon's 400 ms, not 2 s.
+    from llm_watchdog.cli.report import _from_store
+
+    class Ctx:
+        obj: dict[str, object] = {}
+
+    rep = _from_store(Ctx(), str(db_path), now - 3 * 3600, now, None, None, 2000.0)  # type: ignore[arg-type]
+    assert rep.target_p95_ms == 400.0
+    rep = _from_store(Ctx(), str(db_path), now - 3 * 3600, now, None, 1500.0, 2000.0)  # type: ignore[arg-type]
+    assert rep.target_p95_ms == 1500.0

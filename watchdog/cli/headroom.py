@@ -22,7 +22,7 @@ from llm_watchdog.control.headroom import (
     row_for,
     thermal_state,
 )
-from llm_watchdog.durations import parse_duration
+from llm_watchdog.durations import human_ms, parse_duration
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.headroom import probe_states, probes_without_load
 
@@ -64,6 +64,29 @@ def stored_map(
     return headroom_map((observation_from(r) for r in rows), target_ms)
 
 
+def chosen_target(
+    store: Store, given_ms: float | None, config_ms: float | None
+) -> tuple[float | None, str]:
+    """The chat target a headroom map is judged against, and whose it is: `--target` where
+    given, else the one the daemon steered by (its newest control decision records it; a
+    database from another box or a demo says a target the local config may not), else the
+    config's."""
+    if given_ms is not None:
+        return given_ms, "given"
+    row = store.rows(
+        "SELECT inputs FROM control_actions WHERE inputs LIKE '%target_p95_ms%' "
+        "ORDER BY ts DESC, id DESC LIMIT 1"
+    )
+    if row:
+        try:
+            stored = json.loads(row[0]["inputs"]).get("target_p95_ms")
+        except (TypeError, ValueError, AttributeError):
+            stored = None
+        if isinstance(stored, (int, float)) and not isinstance(stored, bool) and stored >= 1:
+            return float(stored), "the daemon's"
+    return config_ms, "control.target_p95"
+
+
 def current_state(store: Store) -> str | None:
     """The thermal state of the first GPU's newest sample (None: no sample)."""
     gpus = store.last_gpu_samples()
@@ -79,17 +102,22 @@ def current_state(store: Store) -> str | None:
     )
 
 
-def status_line(store: Store, target_ms: float, now_ts: float) -> tuple[str, dict[str, Any]]:
-    """The `status` row: the current state's headroom over the last 7 days."""
+def status_line(
+    store: Store, config_ms: float, now_ts: float, given_ms: float | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The `status` row: the current state's headroom over the last 7 days, and the target
+    it was judged against (`chosen_target`)."""
     since = now_ts - 7 * 86400.0
+    chosen, whose = chosen_target(store, given_ms, config_ms)
+    target_ms = config_ms if chosen is None else chosen
     state = current_state(store) or "no-gpu"
     row = row_for(stored_map(store, since, target_ms), state)
+    against = f"; against the {human_ms(target_ms)} target ({whose})"
+    about = {"state": state, "target_ms": target_ms, "target_from": whose}
     if row is None:
-        return f"{state}: not enough data yet (no probes with batch in flight in this state)", {
-            "state": state,
-            "row": None,
-        }
-    return describe(row), {"state": state, "row": row.to_dict()}
+        line = f"{state}: not enough data yet (no probes with batch in flight in this state)"
+        return line + against, {**about, "row": None}
+    return describe(row) + against, {**about, "row": row.to_dict()}
 
 
 @cli.command()
@@ -116,8 +144,10 @@ def headroom(ctx: click.Context, since: str, target_ms: float | None, as_json: b
     now = time.time()
     since_ts = when_arg(since, now)
     assert since_ts is not None
-    target = target_ms if target_ms is not None else settings.control.target_p95_s * 1000.0
     with open_store(settings) as store:
+        config_ms = settings.control.target_p95_s * 1000.0
+        chosen, whose = chosen_target(store, target_ms, config_ms)
+        target = config_ms if chosen is None else chosen
         rows = stored_map(store, since_ts, target)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)
@@ -127,7 +157,7 @@ def headroom(ctx: click.Context, since: str, target_ms: float | None, as_json: b
                 json.dumps({**r.to_dict(), "current": r.state == state, "target_ms": target})
             )
         return
-    click.echo(f"chat p95 TTFT target {target:,.0f} ms; probes since {since}")
+    click.echo(f"chat p95 TTFT target {target:,.0f} ms ({whose}); probes since {since}")
     if not rows:
         why = (
             f"{unloaded} probes carry no batch in-flight count: turn the control loop on "

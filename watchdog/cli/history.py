@@ -16,7 +16,7 @@ from llm_watchdog.cli.group import (
     when_arg,
     window_args,
 )
-from llm_watchdog.cli.headroom import status_line
+from llm_watchdog.cli.headroom import TargetMs, status_line
 from llm_watchdog.cli.judge import export_trace_to
 from llm_watchdog.cli.output import emit, listing_options, one_of_flags, stamp
 from llm_watchdog.cli.report import fleet_listing
@@ -34,9 +34,17 @@ from llm_watchdog.store.records import active_baseline, events
 
 @cli.command()
 @db_option
+@click.option(
+    "--target",
+    "target_ms",
+    type=TargetMs(),
+    default=None,
+    help="Chat p95 TTFT target for the headroom row: 400ms, 1.5s (default: the one the "
+    "daemon steered by, else control.target_p95).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print as one JSON object.")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, target_ms: float | None, as_json: bool) -> None:
     """Last probe, last GPU sample per GPU, the fingerprint, the control loop's last decision,
     and the database path."""
     settings = settings_from(ctx)
@@ -53,7 +61,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         stored = active_baseline(store, fp["id"]) if fp else None
         baseline = stored.to_dict() if stored else None
         open_events = [e for e in events(store) if e["end_ts"] is None]
-        room_line, room = status_line(store, settings.control.target_p95_s * 1000.0, now)
+        room_line, room = status_line(
+            store, settings.control.target_p95_s * 1000.0, now, given_ms=target_ms
+        )
         control = control_state(store)
     data = {
         "database": settings.storage.path,

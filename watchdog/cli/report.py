@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_args
-from llm_watchdog.cli.headroom import stored_map
+from llm_watchdog.cli.headroom import chosen_target, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
 from llm_watchdog.report.data import Report, from_rows
@@ -40,7 +40,12 @@ from llm_watchdog.store.records import events
 )
 @click.option("--instance", help="With --prometheus: the box (instance label) to show.")
 @click.option("--gpu", "gpu_index", type=int, help="GPU index (default: the first).")
-@click.option("--target", "target", help="Chat TTFT p95 target, e.g. 1.5s (default: the config's).")
+@click.option(
+    "--target",
+    "target",
+    help="Chat TTFT p95 target, e.g. 1.5s (default: the one the daemon steered by, else the "
+    "config's).",
+)
 @click.pass_context
 def report(
     ctx: click.Context,
@@ -62,16 +67,20 @@ def report(
     now = time.time()
     since_ts, until_at = window_args(since, until, now)
     until_ts = until_at if until_at is not None else now
-    target_ms = _target_ms(ctx, target)
+    given_ms, config_ms = _target_ms(target), _config_target_ms(ctx)
     if prometheus_url:
         try:
             rep = from_prometheus(
-                prometheus_url, since_ts, until_ts, instance=instance, target_p95_ms=target_ms
+                prometheus_url,
+                since_ts,
+                until_ts,
+                instance=instance,
+                target_p95_ms=given_ms if given_ms is not None else config_ms,
             )
         except PrometheusError as exc:
             raise Fail(str(exc)) from None
     else:
-        rep = _from_store(ctx, db, since_ts, until_ts, gpu_index, target_ms)
+        rep = _from_store(ctx, db, since_ts, until_ts, gpu_index, given_ms, config_ms)
     # Here, not at the top: matplotlib is loaded only by the command that draws.
     from llm_watchdog.report.charts import report_png
     from llm_watchdog.report.page import report_html
@@ -88,14 +97,19 @@ def report(
     )
 
 
-def _target_ms(ctx: click.Context, target: str | None) -> float | None:
+def _target_ms(target: str | None) -> float | None:
+    """--target in ms, None where not given."""
     from llm_watchdog.durations import parse_duration
 
-    if target is not None:
-        try:
-            return parse_duration(target) * 1000.0
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--target") from None
+    if target is None:
+        return None
+    try:
+        return parse_duration(target) * 1000.0
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--target") from None
+
+
+def _config_target_ms(ctx: click.Context) -> float | None:
     try:
         return settings_from(ctx).control.target_p95_s * 1000.0
     except click.ClickException:
@@ -122,7 +136,8 @@ def _from_store(
     since_ts: float,
     until_ts: float,
     gpu_index: int | None,
-    target_ms: float | None,
+    given_ms: float | None,
+    config_ms: float | None,
 ) -> Report:
     if db is not None:
         if not Path(db).exists():
@@ -137,6 +152,9 @@ def _from_store(
         store = open_store(settings)
         source = f"database {settings.storage.path}"
     with store:
+        # Without --target, the target the daemon steered by (`chosen_target`): a demo's or
+        # another box's database is judged by its own promise, not this config's.
+        target_ms, _ = chosen_target(store, given_ms, config_ms)
         gpu = store.gpu_samples(since_ts, until_ts)
         have = sorted({g["gpu_index"] for g in gpu})
         if gpu_index is not None and have and gpu_index not in have:
