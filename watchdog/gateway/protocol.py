@@ -6,6 +6,13 @@ in front of a GPU needs.
   closes, so a trickle of bytes cannot hold a connection, and its file descriptor, forever.
 - Past `max_connections` open connections, a request is answered 503 with a line saying
   what to do, and its connection closes.
+- A request line over `MAX_URL_BYTES` gets 414, a head over `MAX_HEAD_BYTES` or
+  `MAX_HEADER_FIELDS` gets 431, and its connection closes; a chunked body's trailers past
+  the same limits close the connection. Without them a client could send header lines for
+  the whole header timeout (and trailers for the whole body timeout) and the gateway would
+  hold every one.
+- A client whose answer backs up gets `client_stall_timeout_s` to take some of it, counted
+  in the kernel's send queue as well as the write buffer (`_pending`).
 
 uvicorn's own `limit_concurrency` answers a bare "Service Unavailable" and counts tasks as
 well as connections; uvicorn has no header or body timeout.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
@@ -40,6 +48,24 @@ if TYPE_CHECKING:
     from llm_watchdog.gateway.app import Gateway
 
 log = logging.getLogger("llm_watchdog.gateway")
+
+try:  # SIOCOUTQ, tcp(7): Linux gives it TIOCOUTQ's number (include/uapi/linux/sockios.h)
+    import fcntl
+    import termios
+
+    _SIOCOUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):  # Windows has neither module
+    _SIOCOUTQ = None
+
+# The request line's target, the whole head (request line and header lines), and its
+# number of header fields. Apache's defaults are 8190 bytes a request line and 100 fields;
+# nginx's large_client_header_buffers (4 x 8 KiB) bounds a request line to 8 KiB; h11
+# (uvicorn's other protocol) takes 16 KiB of head and Node 16 KiB. 64 KiB leaves room for
+# long tokens and cookies that a proxy in front adds. A chunked body's trailers get the
+# same again.
+MAX_URL_BYTES = 8 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADER_FIELDS = 100
 
 
 def _answer(status: int, reason: bytes, message: str, code: str, retry: bool) -> bytes:
@@ -78,6 +104,22 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
         "request_timeout",
         False,
     )
+    url_too_long = _answer(
+        414,
+        b"URI Too Long",
+        f"the request URL is over the gateway's limit of {MAX_URL_BYTES} bytes: send the "
+        "parameters in the body",
+        "uri_too_long",
+        False,
+    )
+    head_too_large = _answer(
+        431,
+        b"Request Header Fields Too Large",
+        f"the request headers are over the gateway's limit of {MAX_HEAD_BYTES} bytes or "
+        f"{MAX_HEADER_FIELDS} fields: send fewer or shorter headers",
+        "request_header_fields_too_large",
+        False,
+    )
     too_many = _answer(
         503,
         b"Service Unavailable",
@@ -89,10 +131,18 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
 
     class GatewayProtocol(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
-        _refused = False
+        _refused = False  # answered and closing: what else the client sends is not read
+        # The head being parsed (or a chunked body's trailers): its bytes and fields.
+        _head_bytes = 0
+        _fields = 0
+        # Bytes read since the parser last gave a whole head or body bytes. httptools holds
+        # a header line in its own buffer until the line ends, and says nothing of trailers
+        # until they end, so this bounds what no callback yet counts.
+        _unparsed = 0
+        _in_body = False
         _gone: ClientGone | None = None  # made only for a request that goes through ASGI
-        # While the write buffer is over its high mark: the stall timer, and the buffer's
-        # size when it last looked (a smaller one is bytes the client took).
+        # While the write buffer is over its high mark: the stall timer, and the bytes
+        # pending when it last looked (fewer is bytes the client took; see _pending).
         _stall: asyncio.TimerHandle | None = None
         _stall_size = 0
         # The direct path (direct.py): the request whose body the parser reads now, the one
@@ -129,9 +179,18 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
                 found += [e for e in self._waiting if isinstance(e, Exchange)]
             return found
 
+        def data_received(self, data: bytes) -> None:
+            self._unparsed += len(data)
+            super().data_received(data)
+            if self._unparsed > MAX_HEAD_BYTES and not self._refused:
+                self._too_large()
+
         def on_message_begin(self) -> None:
+            if self._refused:
+                return
             # uvicorn's builds the ASGI scope here; the direct path needs none, so it is
             # built once the path says the request goes through ASGI.
+            self._head_bytes = self._fields = 0
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
@@ -165,8 +224,45 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
                 self._gone = ClientGone()
             return self._gone
 
-        def on_headers_complete(self) -> None:
+        def on_url(self, url: bytes) -> None:
+            if self._refused:
+                return
+            self.url += url
+            self._head_bytes += len(url)
+            if len(self.url) > MAX_URL_BYTES:
+                self._refuse(url_too_long)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._refused:
+                return
+            self._fields += 1
+            self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+            if self._fields > MAX_HEADER_FIELDS or self._head_bytes > MAX_HEAD_BYTES:
+                self._too_large()
+                return
+            super().on_header(name, value)
+
+        def _too_large(self) -> None:
+            if not self._in_body:
+                self._refuse(head_too_large)
+                return
+            # Trailers: the request's answer may be under way, too late for a status.
+            self._refused = True
             self._disarm()
+            log.warning(
+                "a client sent a chunked body whose trailers are over %d bytes or %d fields: "
+                "connection closed",
+                MAX_HEAD_BYTES,
+                MAX_HEADER_FIELDS,
+            )
+            self.transport.abort()  # nothing is owed it; connection_lost ends its exchanges
+
+        def on_headers_complete(self) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            self._in_body = True
+            self._unparsed = self._head_bytes = self._fields = 0  # trailers count afresh
             if len(self.connections) > limit:
                 self._refused = True  # what else this connection sends is not read
                 self.transport.write(too_many)
@@ -291,7 +387,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             if self._active is not None:
                 self._active.pause()
             if stall_s > 0 and self._stall is None:
-                self._stall_size = self.transport.get_write_buffer_size()
+                self._stall_size = self._pending()
                 self._stall = self.loop.call_later(stall_s, self._stall_check)
 
         def resume_writing(self) -> None:
@@ -305,14 +401,39 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
                 self._stall.cancel()
                 self._stall = None
 
+        def _pending(self) -> int:
+            """Bytes of the answer the client has not taken: the write buffer, and the
+            kernel's send queue (sent and not acknowledged, or not yet sent: SIOCOUTQ).
+
+            The queue holds megabytes once Linux has tuned the socket's buffer up, and the
+            kernel wakes the writer only once a good part of it drains, so a client reading
+            8 KB/s leaves the write buffer unchanged for minutes. While writing is paused
+            nothing more is written (the engine's reads and ASGI's sends wait on it), so
+            the sum only shrinks as the client's acknowledgements come in; and those stop
+            once its receive buffer is full. Where the ioctl fails (not Linux) the write
+            buffer alone is counted."""
+            size = self.transport.get_write_buffer_size()
+            sock = self.transport.get_extra_info("socket")
+            if _SIOCOUTQ is None or sock is None:
+                return size
+            try:
+                queued = fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0")
+            except (OSError, ValueError):  # not a TCP socket here, or closed
+                return size
+            return size + int(struct.unpack("i", queued)[0])
+
         def _stall_check(self) -> None:
             """The write buffer stayed over its high mark for `stall_s`: a client that took
-            bytes meanwhile (the buffer shrank) reads slowly and gets another `stall_s`; one
+            bytes meanwhile (fewer are pending) reads slowly and gets another `stall_s`; one
             that took none holds its answer, and whatever the answer holds, for nothing.
-            Backpressure has paused the engine's reading, so no upstream timeout fires."""
+            Backpressure has paused the engine's reading, so no upstream timeout fires.
+
+            A client's kernel acknowledges bytes once its receive window opens by about a
+            segment, so one that takes a few bytes at a time shows as reading once it has
+            taken that much."""
             self._stall = None
             transport = self.transport
-            size = transport.get_write_buffer_size()
+            size = self._pending()
             if size < self._stall_size:
                 self._stall_size = size
                 self._stall = self.loop.call_later(stall_s, self._stall_check)
@@ -329,6 +450,7 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             transport.abort()
 
         def on_body(self, body: bytes) -> None:
+            self._unparsed = 0
             if self._refused:
                 return
             exchange = self._parsing
@@ -341,6 +463,8 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
             self._disarm()
             if self._refused:
                 return
+            self._in_body = False
+            self._unparsed = 0
             exchange = self._parsing
             if exchange is not None:
                 self._parsing = None
@@ -369,6 +493,12 @@ def protocol_for(config: GatewayConfig, gateway: Gateway | None = None) -> type[
 
         def _time_out(self, answer: bytes) -> None:
             self._timer = None
+            self._refuse(answer)
+
+        def _refuse(self, answer: bytes) -> None:
+            """Answer `answer` (408, 414, 431) in place of the request, and close."""
+            self._disarm()
+            self._refused = True
             if self.transport.is_closing():
                 return
             for exchange in (self._parsing, self._active):
