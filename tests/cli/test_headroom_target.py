@@ -88,3 +88,24 @@ def test_without_target_the_daemons_own_target_is_used_and_named(db_path):
     assert rep.target_p95_ms == 400.0
     rep = _from_store(Ctx(), str(db_path), now - 3 * 3600, now, None, 1500.0, 2000.0)  # type: ignore[arg-type]
     assert rep.target_p95_ms == 1500.0
+
+
+def test_the_table_says_what_puts_a_probe_in_each_state(db_path):
+    # The bands of a row are its probes' and overlap (warm at 46 °C, held under 0.97 of its
+    # clock): the rule is printed above the rows.
+    from llm_watchdog.control.headroom import HOT_CLOCK_RATIO, STATE_RULE, WARM_CLOCK_RATIO
+
+    with Store(db_path) as store:
+        fill(store, time.time())
+    out = CliRunner().invoke(
+        cli,
+        ["headroom", "--since", "3h"],
+        env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)},
+        obj={},
+    )
+    assert out.exit_code == 0, out.output
+    assert f"states: {STATE_RULE}" in out.output.splitlines()
+    assert (
+        f"under {HOT_CLOCK_RATIO:.2f}" in STATE_RULE
+        and f"under {WARM_CLOCK_RATIO:.2f}" in STATE_RULE
+    )

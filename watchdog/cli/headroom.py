@@ -15,6 +15,7 @@ import click
 
 from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, when_arg
 from llm_watchdog.control.headroom import (
+    STATE_RULE,
     StateRow,
     describe,
     headroom_map,
@@ -167,7 +168,8 @@ def headroom(ctx: click.Context, since: str, target_ms: float | None, as_json: b
         )
         click.echo(f"not enough data yet: {why}")
         return
-    click.echo("state   allowance  (confidence, probes, bands)")
+    click.echo(f"states: {STATE_RULE}")
+    click.echo("state   allowance  (confidence, probes, the bands of those probes)")
     for r in rows:
         mark = "  ← now" if r.state == state else ""
         click.echo(describe(r) + mark)

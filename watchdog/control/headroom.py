@@ -262,6 +262,17 @@ def row_for(rows: Sequence[StateRow], state: str) -> StateRow | None:
     return next((r for r in rows if r.state == state), None)
 
 
+# What puts a probe in each state, for a person reading the map: the bands a row prints are
+# of the probes it holds, and overlap (a cool-running card held under 0.97 of its clock by
+# load or the power cap is warm at 46 °C).
+STATE_RULE = (
+    f"hot: a thermal throttle bit, or the clock under {HOT_CLOCK_RATIO:.2f} of its maximum; "
+    f"warm: the clock under {WARM_CLOCK_RATIO:.2f}, or within {WARM_MARGIN_C:.0f} °C of where "
+    "the clocks start to fall for heat; cool: neither (the clock of an idle card, low "
+    "without heat, is not read)"
+)
+
+
 def describe(row: StateRow) -> str:
     """One line: `hot   4 (sure, 312 probes, 71–84 °C, clock 0.80–0.89)`."""
     if row.allowance is None:
