@@ -222,3 +222,27 @@ def test_the_title_gives_a_short_span_to_the_second_and_no_axis_has_an_offset_la
     formatter = ax.xaxis.get_major_formatter()
     assert formatter.format_ticks(ax.xaxis.get_major_locator()())  # as a drawing does
     assert formatter.get_offset() == ""
+
+
+def test_the_picture_carries_the_pages_facts_and_headroom_rows() -> None:
+    # A PNG has no page around it: the header's figures and the headroom table go under
+    # its title, as lines.
+    from llm_watchdog.report.charts import report_figure
+
+    probes = [
+        {"ts": float(i), "ok": True, "cold": False, "ttft_ms": 100.0 + 400 * (i > 150)}
+        for i in range(0, 300, 2)
+    ]
+    r = from_rows(source="t", since_ts=0.0, until_ts=300.0, probes=probes, gpu=[],
+                  target_p95_ms=400.0)  # fmt: skip
+    r.headroom = [
+        {"state": "cool", "allowance": 4, "bound": "at least", "confidence": "likely",
+         "n": 93, "unit": "probes", "settle": ""},
+        {"state": "hot", "allowance": None, "bound": "none", "confidence": "not enough data",
+         "n": 3, "unit": "probes", "settle": "more"},
+    ]  # fmt: skip
+    title = report_figure(r).get_suptitle().replace("\n", " ")
+    assert "windows over target 5 of 10" in title and "target p95 400 ms" in title
+    assert "headroom (batch in flight chat holds at): cool ≥ 4 (likely, 93 probes) · hot not " \
+        "enough data yet" in title  # fmt: skip
+    assert "peak temperature" not in title  # latency-only: no GPU facts

@@ -10,6 +10,7 @@ import io
 import textwrap
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -263,7 +264,12 @@ def report_figure(r: Report) -> Figure:
     """Every chart in one tall picture, with the source and span as its title and the
     report's notes under it (the picture has no page around it to say them)."""
     charts = charts_for(r)
-    notes = [line for note in r.notes for line in textwrap.wrap(note, NOTE_CHARS)]
+    # The page's header facts and its headroom table, as lines: the picture has no page.
+    said = [" · ".join(f"{k} {v}" for k, v in r.facts())]
+    if r.headroom:
+        said.append("headroom (batch in flight chat holds at): " + headroom_text(r.headroom))
+    said += r.notes
+    notes = [line for note in said for line in textwrap.wrap(note, NOTE_CHARS)]
     height = HEIGHT_IN * len(charts) + 0.5 + NOTE_LINE_IN * len(notes)
     fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
     title = "\n".join([f"llm-watchdog report: {r.source}, {_span(r)}", *notes])
@@ -272,6 +278,21 @@ def report_figure(r: Report) -> Figure:
     for ax, (_, draw) in zip(axes, charts, strict=True):
         draw(ax, r)
     return fig
+
+
+def headroom_text(rows: list[dict[str, Any]]) -> str:
+    """`llm-watchdog headroom`'s rows on one line: "cool ≥ 4 (likely, 93 probes) · ..."."""
+    out = []
+    for row in rows:
+        allowance = row.get("allowance")
+        if allowance is None:
+            answer = "not enough data yet"
+        else:
+            mark = {"at least": "≥ ", "at most": "≤ "}.get(str(row.get("bound")), "")
+            how = f"{row.get('confidence')}, {row.get('n')} {row.get('unit')}"
+            answer = f"{mark}{allowance} ({how})"
+        out.append(f"{row.get('state')} {answer}")
+    return " · ".join(out)
 
 
 def _span(r: Report) -> str:

@@ -78,6 +78,9 @@ class Report:
     # holds fewer than 20 probes its nearest-rank p95 is its slowest probe, which it says too.
     window_label: str = ""
 
+    def facts(self) -> list[tuple[str, str]]:
+        return report_facts(self)
+
     def summary(self) -> dict[str, Any]:
         p95 = [v for v in self.ttft_p95_ms.values if v is not None]
         temps = [v for v in self.temp_c.values if v is not None]
@@ -95,6 +98,38 @@ class Report:
             "drift_events": len(self.drift),
             "control_actions": len(self.actions),
         }
+
+
+# The facts that only a GPU reading can give: left out of a latency-only report.
+GPU_FACTS = frozenset({"peak temperature", "time slowed by heat", "at the power cap"})
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
+
+
+def report_facts(r: Report) -> list[tuple[str, str]]:
+    """The span in figures, as the page's header and the picture's title give them."""
+    s = r.summary()
+    facts = [
+        ("worst window p95", _ms(s["worst_p95_ms"])),
+        ("windows over target", f"{s['windows_over_target']} of {s['windows']}"),
+        ("target p95", _ms(r.target_p95_ms)),
+        ("peak temperature", "–" if s["peak_temp_c"] is None else f"{s['peak_temp_c']:.0f} °C"),
+        ("time slowed by heat", f"{s['heat_s'] / 60:.1f} min"),
+        ("at the power cap", f"{s['power_s'] / 60:.1f} min"),
+        ("drift events", str(s["drift_events"])),
+        ("control actions", str(s["control_actions"])),
+    ]
+    if r.latency_only:
+        # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
+        facts = [f for f in facts if f[0] not in GPU_FACTS]
+    if r.no_batch:
+        # No gateway was watched: "0 control actions" would read as a calm control loop.
+        facts = [f for f in facts if f[0] != "control actions"]
+    return facts
 
 
 def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:

@@ -50,7 +50,6 @@ NOTE_PX = 44
 
 
 # The facts that come from NVML's readings, left out where there were none.
-GPU_FACTS = frozenset({"peak temperature", "time slowed by heat", "at the power cap"})
 
 
 def _fmt_ts(ts: float) -> str:
@@ -94,23 +93,7 @@ def report_html(r: Report) -> str:
             "</figcaption></figure>"
         )
     tables_top = header_px + len(pngs) * (CHART_H_PX + GAP_PX) + 20
-    s = r.summary()
-    facts = [
-        ("worst window p95", _ms(s["worst_p95_ms"])),
-        ("windows over target", f"{s['windows_over_target']} of {s['windows']}"),
-        ("target p95", _ms(r.target_p95_ms)),
-        ("peak temperature", "–" if s["peak_temp_c"] is None else f"{s['peak_temp_c']:.0f} °C"),
-        ("time slowed by heat", f"{s['heat_s'] / 60:.1f} min"),
-        ("at the power cap", f"{s['power_s'] / 60:.1f} min"),
-        ("drift events", str(s["drift_events"])),
-        ("control actions", str(s["control_actions"])),
-    ]
-    if r.latency_only:
-        # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
-        facts = [f for f in facts if f[0] not in GPU_FACTS]
-    if r.no_batch:
-        # No gateway was watched: "0 control actions" would read as a calm control loop.
-        facts = [f for f in facts if f[0] != "control actions"]
+    facts = r.facts()
     fact_html = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in r.notes)
     drift_rows = [
@@ -147,9 +130,3 @@ td, th {{ border:1px solid #ccc; padding:2px 6px; text-align:left; }}
 <p style="color:#888">llm-watchdog {html.escape(__version__)}</p>
 </div></body></html>
 """
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
