@@ -109,3 +109,29 @@ def test_the_table_says_what_puts_a_probe_in_each_state(db_path):
         f"under {HOT_CLOCK_RATIO:.2f}" in STATE_RULE
         and f"under {WARM_CLOCK_RATIO:.2f}" in STATE_RULE
     )
+
+
+def test_headroom_lists_as_csv_and_stops_at_until(db_path):
+    import csv
+    import io
+
+    now = time.time()
+    with Store(db_path) as store:
+        fill(store, now)
+
+    def run(*args: str) -> str:
+        out = CliRunner().invoke(
+            cli, ["headroom", *args], env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}, obj={}
+        )
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    listed = [json.loads(line) for line in run("--since", "3h", "--json").splitlines()]
+    rows = list(csv.DictReader(io.StringIO(run("--since", "3h", "--csv"))))
+    assert [r["state"] for r in rows] == [d["state"] for d in listed] and rows
+    assert [int(r["n"]) for r in rows] == [d["n"] for d in listed]
+    assert json.loads(rows[0]["groups"]) == listed[0]["groups"]  # a JSON cell
+    # --until before every probe: nothing to judge, and the span says so.
+    early = run("--since", "3h", "--until", "179m")
+    assert "until 179m" in early.splitlines()[0]
+    assert "not enough data yet" in early

@@ -7,13 +7,15 @@ the state the card is in now.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
 
 import click
 
-from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, when_arg
+from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, window_args
+from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.control.headroom import (
     STATE_RULE,
     StateRow,
@@ -137,28 +139,33 @@ def status_line(
     help="Chat p95 TTFT target: 400ms, 1.5s, or a plain number of ms (default: "
     "control.target_p95).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per thermal state.")
+@click.option("--until", default=None, help="Probes up to this time (default: now).")
+@listing_options
 @click.pass_context
-def headroom(ctx: click.Context, since: str, target_ms: float | None, as_json: bool) -> None:
-    """Per thermal state of the card: the batch concurrency that keeps chat p95 in target."""
+def headroom(
+    ctx: click.Context, since: str, until: str | None, target_ms: float | None, fmt: str
+) -> None:
+    """Per thermal state of the card: the batch concurrency that keeps chat p95 in target.
+
+    --json gives one object per thermal state, --csv a row per state (its level groups as
+    JSON in one cell)."""
     settings = settings_from(ctx)
     now = time.time()
-    since_ts = when_arg(since, now)
-    assert since_ts is not None
+    since_ts, until_ts = window_args(since, until, now)
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
         chosen, whose = chosen_target(store, target_ms, config_ms)
         target = config_ms if chosen is None else chosen
-        rows = stored_map(store, since_ts, target)
+        rows = stored_map(store, since_ts, target, until_ts)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)
-    if as_json:
-        for r in rows:
-            click.echo(
-                json.dumps({**r.to_dict(), "current": r.state == state, "target_ms": target})
-            )
+    if fmt != "table":
+        columns = [f.name for f in dataclasses.fields(StateRow)] + ["current", "target_ms"]
+        listed = [{**r.to_dict(), "current": r.state == state, "target_ms": target} for r in rows]
+        emit(listed, columns, fmt)
         return
-    click.echo(f"chat p95 TTFT target {target:,.0f} ms ({whose}); probes since {since}")
+    span = f"probes since {since}" + (f" until {until}" if until else "")
+    click.echo(f"chat p95 TTFT target {target:,.0f} ms ({whose}); {span}")
     if not rows:
         why = (
             f"{unloaded} probes carry no batch in-flight count: turn the control loop on "

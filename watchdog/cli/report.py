@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_args
-from llm_watchdog.cli.headroom import chosen_target, stored_map
+from llm_watchdog.cli.headroom import TargetMs, chosen_target, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
 from llm_watchdog.report.data import Report, from_rows
@@ -43,8 +43,9 @@ from llm_watchdog.store.records import events
 @click.option(
     "--target",
     "target",
-    help="Chat TTFT p95 target, e.g. 1.5s (default: the one the daemon steered by, else the "
-    "config's).",
+    type=TargetMs(),
+    help="Chat TTFT p95 target: 400ms, 1.5s, or a plain number of ms (default: the one the "
+    "daemon steered by, else the config's).",
 )
 @click.pass_context
 def report(
@@ -56,7 +57,7 @@ def report(
     prometheus_url: str | None,
     instance: str | None,
     gpu_index: int | None,
-    target: str | None,
+    target: float | None,
 ) -> None:
     """Chat TTFT, GPU heat and clocks, batch allowance, drift and control actions as pictures."""
     if out.suffix.lower() not in (".html", ".htm", ".png"):
@@ -67,7 +68,7 @@ def report(
     now = time.time()
     since_ts, until_at = window_args(since, until, now)
     until_ts = until_at if until_at is not None else now
-    given_ms, config_ms = _target_ms(target), _config_target_ms(ctx)
+    given_ms, config_ms = target, _config_target_ms(ctx)
     if prometheus_url:
         try:
             rep = from_prometheus(
@@ -95,18 +96,6 @@ def report(
         f"wrote {out} ({len(data) // 1024} KiB): {s['windows']} windows, "
         f"{s['drift_events']} drift events, {s['control_actions']} control actions"
     )
-
-
-def _target_ms(target: str | None) -> float | None:
-    """--target in ms, None where not given."""
-    from llm_watchdog.durations import parse_duration
-
-    if target is None:
-        return None
-    try:
-        return parse_duration(target) * 1000.0
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--target") from None
 
 
 def _config_target_ms(ctx: click.Context) -> float | None:
