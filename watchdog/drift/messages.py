@@ -54,7 +54,12 @@ def _gpu_part(ev: dict[str, Any], cause: str) -> list[str]:
     if temp is not None:
         text = f"{_gpu_name(ev)} {temp:.0f} °C"
         slope = ev.get("temp_slope_c_per_min")
-        if cause == "thermal" and slope is not None and slope >= 0.2:
+        # At or past where its clocks start to fall the driver holds the card there by
+        # slowing it: the slope is the climb that brought it, and "rising" would describe a
+        # card whose temperature has stopped moving. The clock says the rest.
+        onset = ev.get("temp_slowdown_c")
+        held = onset is not None and temp >= onset
+        if cause == "thermal" and slope is not None and slope >= 0.2 and not held:
             text += f" rising {slope:.1f} °C/min"
         parts.append(text)
     if cause == "power" and ev.get("power_w") is not None and ev.get("power_limit_w"):
