@@ -8,7 +8,6 @@ the state the card is in now.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from llm_watchdog.control.headroom import (
     thermal_state,
 )
 from llm_watchdog.durations import human_ms, parse_duration
+from llm_watchdog.store.control import steered_target_ms
 from llm_watchdog.store.db import Store
 from llm_watchdog.store.headroom import probe_states, probes_without_load
 
@@ -76,17 +76,9 @@ def chosen_target(
     config's."""
     if given_ms is not None:
         return given_ms, "given"
-    row = store.rows(
-        "SELECT inputs FROM control_actions WHERE inputs LIKE '%target_p95_ms%' "
-        "ORDER BY ts DESC, id DESC LIMIT 1"
-    )
-    if row:
-        try:
-            stored = json.loads(row[0]["inputs"]).get("target_p95_ms")
-        except (TypeError, ValueError, AttributeError):
-            stored = None
-        if isinstance(stored, (int, float)) and not isinstance(stored, bool) and stored >= 1:
-            return float(stored), "the daemon's"
+    stored = steered_target_ms(store)
+    if stored is not None:
+        return stored, "the daemon's"
     return config_ms, "control.target_p95"
 
 

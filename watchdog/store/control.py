@@ -92,3 +92,21 @@ def last_action(store: Store, *, changed: bool = False) -> dict[str, Any] | None
     where = "WHERE allowance_after != allowance_before AND applied = 1 " if changed else ""
     rows = store.rows(f"SELECT * FROM control_actions {where}ORDER BY ts DESC, id DESC LIMIT 1")
     return rows[0] if rows else None
+
+
+def steered_target_ms(store: Store) -> float | None:
+    """The chat target (ms) the daemon steered by in its newest decision that records one:
+    each decision's inputs hold `target_p95_ms`. None where no decision says."""
+    rows = store.rows(
+        "SELECT inputs FROM control_actions WHERE inputs LIKE '%target_p95_ms%' "
+        "ORDER BY ts DESC, id DESC LIMIT 1"
+    )
+    if not rows:
+        return None
+    try:
+        stored = json.loads(rows[0]["inputs"]).get("target_p95_ms")
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if isinstance(stored, (int, float)) and not isinstance(stored, bool) and stored >= 1:
+        return float(stored)
+    return None
