@@ -459,14 +459,10 @@ def lab_batch_line(url: str, transport: httpx.BaseTransport | None = None) -> st
     """A warning where the heat lab at `url` runs a batch job of its own: its streams load
     the engine at every level besides bench's, so "batch 0" is not batch-free. None where it
     runs none, or its /sim/state cannot be read (the GPU read at /sim/gpu says so already)."""
-    try:
-        with httpx.Client(transport=transport, timeout=2.0, trust_env=False) as client:
-            resp = client.get(url.rstrip("/") + "/sim/state")
-            resp.raise_for_status()
-            streams = resp.json().get("batch_streams")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    if not isinstance(streams, int) or isinstance(streams, bool) or streams <= 0:
+    from llm_watchdog.sim.remote import lab_batch_streams
+
+    streams = lab_batch_streams(url, transport)
+    if streams is None or streams <= 0:
         return None
     return (
         f"the heat lab at {url} runs {streams} batch streams of its own besides bench's, so "

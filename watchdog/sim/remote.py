@@ -53,3 +53,16 @@ class RemoteDevice:
 def remote_nvml(url: str, transport: httpx.BaseTransport | None = None) -> FakeNvml:
     """A pynvml-like module reading the lab at `url`; raises NVMLError if it is not there."""
     return FakeNvml([RemoteDevice(url, transport)], time.monotonic)
+
+
+def lab_batch_streams(url: str, transport: httpx.BaseTransport | None = None) -> int | None:
+    """How many batch streams the lab at `url` runs of its own (its /sim/state); None where
+    the state cannot be read or says no count."""
+    try:
+        with httpx.Client(transport=transport, timeout=2.0, trust_env=False) as client:
+            resp = client.get(url.rstrip("/") + "/sim/state")
+            resp.raise_for_status()
+            streams = resp.json().get("batch_streams")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return streams if isinstance(streams, int) and not isinstance(streams, bool) else None
