@@ -415,7 +415,9 @@ def test_headroom_over_a_real_loaded_run_names_less_batch_than_ran(llama, tmp_pa
             try:
                 idle = probes_at(0, 30, 180)
                 with BatchLoad(gw.url, daemon.model, streams=streams, words=700, max_tokens=64):
-                    loaded = probes_at(streams, 24, 420)
+                    # 48, not 24: a loaded probe is slow only where it meets a batch
+                    # prefill (about one in six here), and 24 of them left one over at times.
+                    loaded = probes_at(streams, 48, 600)
             finally:
                 daemon.shutdown(timeout_s=5)
     assert len(idle) >= 20 and len(loaded) >= 20, (len(idle), len(loaded))
