@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, overload
 
 import click
 
@@ -67,6 +67,12 @@ def stored_map(
     return headroom_map((observation_from(r) for r in rows), target_ms)
 
 
+@overload
+def chosen_target(store: Store, given_ms: float | None, config_ms: float) -> tuple[float, str]: ...
+@overload
+def chosen_target(
+    store: Store, given_ms: float | None, config_ms: float | None
+) -> tuple[float | None, str]: ...
 def chosen_target(
     store: Store, given_ms: float | None, config_ms: float | None
 ) -> tuple[float | None, str]:
@@ -103,8 +109,7 @@ def status_line(
     """The `status` row: the current state's headroom over the last 7 days, and the target
     it was judged against (`chosen_target`)."""
     since = now_ts - 7 * 86400.0
-    chosen, whose = chosen_target(store, given_ms, config_ms)
-    target_ms = config_ms if chosen is None else chosen
+    target_ms, whose = chosen_target(store, given_ms, config_ms)
     state = current_state(store) or "no-gpu"
     row = row_for(stored_map(store, since, target_ms), state)
     against = f"; against the {human_ms(target_ms)} target ({whose})"
@@ -146,8 +151,7 @@ def headroom(
     since_ts, until_ts = window_args(since, until, now)
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
-        chosen, whose = chosen_target(store, target_ms, config_ms)
-        target = config_ms if chosen is None else chosen
+        target, whose = chosen_target(store, target_ms, config_ms)
         rows = stored_map(store, since_ts, target, until_ts)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)

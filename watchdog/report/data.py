@@ -79,7 +79,25 @@ class Report:
     window_label: str = ""
 
     def facts(self) -> list[tuple[str, str]]:
-        return report_facts(self)
+        """The span in figures, as the page's header and the picture's title give them."""
+        s = self.summary()
+        facts = [
+            ("worst window p95", _ms(s["worst_p95_ms"])),
+            ("windows over target", f"{s['windows_over_target']} of {s['windows']}"),
+            ("target p95", _ms(self.target_p95_ms)),
+            ("peak temperature", "–" if s["peak_temp_c"] is None else f"{s['peak_temp_c']:.0f} °C"),
+            ("time slowed by heat", f"{s['heat_s'] / 60:.1f} min"),
+            ("at the power cap", f"{s['power_s'] / 60:.1f} min"),
+            ("drift events", str(s["drift_events"])),
+            ("control actions", str(s["control_actions"])),
+        ]
+        if self.latency_only:
+            # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
+            facts = [f for f in facts if f[0] not in GPU_FACTS]
+        if self.no_batch:
+            # No gateway was watched: "0 control actions" would read as a calm control loop.
+            facts = [f for f in facts if f[0] != "control actions"]
+        return facts
 
     def summary(self) -> dict[str, Any]:
         p95 = [v for v in self.ttft_p95_ms.values if v is not None]
@@ -110,28 +128,6 @@ def _ms(v: float | None) -> str:
     return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
 
 
-def report_facts(r: Report) -> list[tuple[str, str]]:
-    """The span in figures, as the page's header and the picture's title give them."""
-    s = r.summary()
-    facts = [
-        ("worst window p95", _ms(s["worst_p95_ms"])),
-        ("windows over target", f"{s['windows_over_target']} of {s['windows']}"),
-        ("target p95", _ms(r.target_p95_ms)),
-        ("peak temperature", "–" if s["peak_temp_c"] is None else f"{s['peak_temp_c']:.0f} °C"),
-        ("time slowed by heat", f"{s['heat_s'] / 60:.1f} min"),
-        ("at the power cap", f"{s['power_s'] / 60:.1f} min"),
-        ("drift events", str(s["drift_events"])),
-        ("control actions", str(s["control_actions"])),
-    ]
-    if r.latency_only:
-        # Nothing measured the card: "0.0 min slowed by heat" would read as a cool card.
-        facts = [f for f in facts if f[0] not in GPU_FACTS]
-    if r.no_batch:
-        # No gateway was watched: "0 control actions" would read as a calm control loop.
-        facts = [f for f in facts if f[0] != "control actions"]
-    return facts
-
-
 def window_s(since_ts: float, until_ts: float, probe_interval_s: float | None = None) -> float:
     """The quantile window for a span: at most 100 windows, and about 10 probes in each (a
     p95 of two probes is noise)."""
@@ -158,8 +154,9 @@ def nearest_rank(values: Sequence[float], q: float) -> float | None:
 
 def ttft_windows(
     probes: Sequence[dict[str, Any]], since_ts: float, until_ts: float, step_s: float
-) -> tuple[Series, Series]:
-    """Warm, successful canary TTFT p50 and p95 per window (window mid-points)."""
+) -> tuple[Series, Series, list[int]]:
+    """Warm, successful canary TTFT p50 and p95 per window (window mid-points), and how many
+    probes each window with probes in it holds."""
     buckets: dict[int, list[float]] = {}
     for p in probes:
         if p.get("ok") and not p.get("cold") and p.get("ttft_ms") is not None:
@@ -170,21 +167,17 @@ def ttft_windows(
         values = buckets.get(i, [])
         p50.add(mid, nearest_rank(values, 0.50))
         p95.add(mid, nearest_rank(values, 0.95))
-    return p50, p95
+    return p50, p95, [len(v) for v in buckets.values()]
 
 
-def window_label(probes: Sequence[dict[str, Any]], since_ts: float, step_s: float) -> str:
-    """The p95 legend's words for `ttft_windows`' windows: "per 60 s window", and where the
-    usual window holds fewer than 20 probes, that its p95 is its slowest probe (the nearest
-    rank of 19 at 95 % is the 19th), so a spike reads as one slow probe, not a tail."""
-    counts: dict[int, int] = {}
-    for p in probes:
-        if p.get("ok") and not p.get("cold") and p.get("ttft_ms") is not None:
-            i = int((p["ts"] - since_ts) // step_s)
-            counts[i] = counts.get(i, 0) + 1
+def window_label(counts: Sequence[int], step_s: float) -> str:
+    """The p95 legend's words for `ttft_windows`' windows, given the probes in each: "per
+    60 s window", and where the usual window holds fewer than 20 probes, that its p95 is its
+    slowest probe (the nearest rank of 19 at 95 % is the 19th), so a spike reads as one slow
+    probe, not a tail."""
     label = f"per {human_duration(step_s)} window"
     if counts:
-        usual = sorted(counts.values())[len(counts) // 2]
+        usual = sorted(counts)[len(counts) // 2]
         if usual < 20:
             label += f" of ~{usual} probes: its slowest"
     return label
@@ -283,8 +276,8 @@ def from_rows(
         gpu = [g for g in gpu if g["gpu_index"] == index]
     report = Report(source, since_ts, until_ts, target_p95_ms=target_p95_ms)
     step = window_s(since_ts, until_ts, probe_interval_s(probes))
-    report.ttft_p50_ms, report.ttft_p95_ms = ttft_windows(probes, since_ts, until_ts, step)
-    report.window_label = window_label(probes, since_ts, step)
+    report.ttft_p50_ms, report.ttft_p95_ms, counts = ttft_windows(probes, since_ts, until_ts, step)
+    report.window_label = window_label(counts, step)
     for g in gpu:
         report.temp_c.add(g["ts"], g.get("temp_c"))
         report.sm_clock_mhz.add(g["ts"], g.get("sm_clock_mhz"))
