@@ -10,7 +10,7 @@ from llm_watchdog.alerts.events import AlertEvent
 from llm_watchdog.alerts.manager import AlertManager
 from llm_watchdog.alerts.sinks import BaseSink
 from llm_watchdog.config import settings_from_dict
-from llm_watchdog.daemon.judge import Judge, alert_for
+from llm_watchdog.daemon.judge import Judge, alert_for, chat_severity
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.drift import DriftConfig, DriftEvent
 from llm_watchdog.store.db import Store
@@ -64,7 +64,10 @@ def test_severity_follows_the_target_not_the_baseline(p95_ms, severity, clause) 
         "drift:latency-1796100000000",
         severity,
     )
-    assert alert.message.endswith(clause), alert.message
+    assert chat_severity(p95_ms, 1500.0) == (severity, clause)
+    # The opening message has said its p95 already: the alert's clause names it, once.
+    within = clause.split(", ", 1)[1]
+    assert alert.message == OPENED.format(p95=f"{p95_ms} ms") + f"; p95 {within}"
     assert alert.fields["target_p95_ms"] == 1500.0
 
 
