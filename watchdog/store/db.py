@@ -475,11 +475,7 @@ def _connect(path: str, busy_timeout_s: float, read_only: bool = False) -> sqlit
         if read_only and path != ":memory:":
             if not Path(path).is_file():
                 raise StoreError(f"cannot open database {path}: no such file")
-            uri = f"{Path(path).resolve().as_uri()}?mode=ro"
-            conn = sqlite3.connect(
-                uri, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None,
-                uri=True,
-            )
+            conn = _connect_read_only(path, busy_timeout_s)
         else:
             conn = sqlite3.connect(
                 path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
@@ -487,6 +483,48 @@ def _connect(path: str, busy_timeout_s: float, read_only: bool = False) -> sqlit
     except sqlite3.Error as exc:
         raise StoreError(_describe(exc, path, busy_timeout_s, opening=True)) from exc
     return conn
+
+
+def _connect_read_only(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    """`mode=ro`, and where that cannot read a WAL database, `immutable=1`.
+
+    A reader of a WAL database needs its `-shm` index, and SQLite creates one beside the file
+    when none is there: a database the daemon closed cleanly (no `-wal`, no `-shm`) on a
+    read-only mount, or in a folder this user may not write (the service's, read with
+    `--db` by another user), cannot be read with `mode=ro` at all. With no `-wal` left, the
+    file holds every commit, and `immutable=1` reads it without the index. A `-wal` with
+    commits in it and no index this user can open means the newest rows are in the `-wal`,
+    which only a writer may fold back in: that is said rather than read around.
+    """
+    resolved = Path(path).resolve()
+    uri = resolved.as_uri()
+
+    def connect(query: str) -> sqlite3.Connection:
+        return sqlite3.connect(
+            f"{uri}?{query}", timeout=busy_timeout_s, check_same_thread=False,
+            isolation_level=None, uri=True,
+        )  # fmt: skip
+
+    conn = connect("mode=ro")
+    try:
+        # The first read is where the WAL index is opened or created.
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        msg = str(exc)
+        if "unable to open" not in msg and "readonly" not in msg:
+            return conn  # the caller's own first read says what else is wrong
+        conn.close()
+        wal = resolved.with_name(resolved.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"cannot read database {path}: its newest commits are in {wal.name}, and "
+                f"reading them needs write access to {resolved.parent} ({msg}); run as a "
+                "user who may write there (the service's database: sudo llm-watchdog ...), "
+                f"or copy the database with its {wal.name} to a folder you can write and "
+                "read the copy"
+            ) from None
+        return connect("mode=ro&immutable=1")
 
 
 def _describe(exc: sqlite3.Error, path: str, busy_timeout_s: float, opening: bool = False) -> str:
