@@ -116,6 +116,27 @@ def test_a_stored_probe_is_judged_against_where_its_cards_clocks_fall() -> None:
     assert observation_from({**row, "temp_target_c": 83.0}).state == "warm"
 
 
+def test_an_idle_cards_clock_is_left_out_of_a_rows_band_as_out_of_its_state() -> None:
+    # A warm card idling at 210 MHz: the row's clock band says what loaded clocks were seen,
+    # not "0.11-0.97" beside a legend that says the idle clock is not read.
+    row = {
+        "ttft_ms": 300.0,
+        "batch_inflight": 0,
+        "temp_c": 80.0,
+        "sm_clock_mhz": 210.0,
+        "sm_clock_max_mhz": 1950.0,
+        "throttle_reasons": GPU_IDLE,
+        "temp_slowdown_c": 90.0,
+    }
+    idle = observation_from(row)
+    assert (idle.state, idle.clock_ratio) == ("warm", None)
+    held = observation_from({**row, "throttle_reasons": GPU_IDLE | SW_THERMAL_SLOWDOWN})
+    assert held.state == "hot" and held.clock_ratio is not None
+    assert abs(held.clock_ratio - 210.0 / 1950.0) < 1e-9
+    busy = observation_from({**row, "sm_clock_mhz": 1860.0, "throttle_reasons": 0})
+    assert busy.clock_ratio is not None and abs(busy.clock_ratio - 1860.0 / 1950.0) < 1e-9
+
+
 def test_a_few_failing_probes_above_the_answer_are_named_not_called_unseen():
     # 8 probes at 1 batch in flight, 4 of them over: too few to judge, but not "none above
     # was seen failing".

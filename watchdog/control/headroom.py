@@ -61,9 +61,7 @@ def thermal_state(
     bits = reasons or 0
     if bits & THERMAL_MASK:
         return "hot"
-    ratio = None
-    if sm_clock_mhz is not None and sm_clock_max_mhz and not bits & GPU_IDLE:
-        ratio = sm_clock_mhz / sm_clock_max_mhz
+    ratio = clock_ratio(sm_clock_mhz, sm_clock_max_mhz, bits)
     if ratio is not None and ratio < HOT_CLOCK_RATIO:
         return "hot"
     slowdown = temp_slowdown_c or DEFAULT_SLOWDOWN_C
@@ -72,6 +70,19 @@ def thermal_state(
     ):
         return "warm"
     return "cool"
+
+
+def clock_ratio(
+    sm_clock_mhz: float | None, sm_clock_max_mhz: float | None, reasons: int | None
+) -> float | None:
+    """The SM clock as a share of its maximum, as a thermal state reads it: None for an idle
+    card (the GpuIdle bit and no thermal bit), whose clock is low without heat."""
+    bits = reasons or 0
+    if sm_clock_mhz is None or not sm_clock_max_mhz:
+        return None
+    if bits & GPU_IDLE and not bits & THERMAL_MASK:
+        return None
+    return sm_clock_mhz / sm_clock_max_mhz
 
 
 @dataclass(frozen=True)
@@ -318,5 +329,6 @@ def observation_from(row: dict[str, Any]) -> Observation:
             reasons=row.get("throttle_reasons"),
         ),
         temp_c=row.get("temp_c"),
-        clock_ratio=clock / top if clock is not None and top else None,
+        # The band a row shows: an idle card's clock is not read, as its state does not.
+        clock_ratio=clock_ratio(clock, top, row.get("throttle_reasons")),
     )
