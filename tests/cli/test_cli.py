@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from click.testing import CliRunner
 
@@ -10,6 +11,7 @@ from llm_watchdog.cli import cli
 from llm_watchdog.config import settings_from_dict
 from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.store.db import Store
+from tests.helpers.builders import probe_result
 from tests.helpers.fakenvml import scenario_basic
 from tests.helpers.streamserver import StreamServer, closed_port_url
 
@@ -88,6 +90,19 @@ def test_status_and_history_read_what_the_daemon_wrote(db_path):
     out = invoke("history", "--since", "3d", "--resolution", "1m", "--json", env=env)
     buckets = [json.loads(line) for line in out.output.splitlines()]
     assert sum(b["n"] for b in buckets) == 3
+
+
+def test_history_shows_the_batch_each_probe_ran_beside(db_path):
+    now = time.time()
+    with Store(db_path) as store:
+        store.record_probe(probe_result(now - 20, batch_inflight=None, batch_allowance=None), None)
+        store.record_probe(probe_result(now - 10, batch_inflight=7, batch_allowance=8), None)
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    out = invoke("history", "--since", "1h", "--json", env=env)
+    rows = [json.loads(line) for line in out.output.splitlines()]
+    assert [(r["batch_inflight"], r["batch_allowance"]) for r in rows] == [(None, None), (7, 8)]
+    table = invoke("history", "--since", "1h", env=env).output.splitlines()
+    assert "batch_inflight  batch_allowance" in table[0]
 
 
 def test_status_without_a_database_says_what_to_do(tmp_path):

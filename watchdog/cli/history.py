@@ -238,6 +238,10 @@ HISTORY_COLUMNS = [
     "ttft_ms",
     "total_ms",
     "output_tokens",
+    # What the batch job had in flight, and its allowance, when the canary ran: a slow probe
+    # beside a full allowance reads differently from one beside none.
+    "batch_inflight",
+    "batch_allowance",
     "quality_pass",
     "error_class",
 ]
