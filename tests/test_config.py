@@ -51,9 +51,11 @@ def test_file_values_and_durations(tmp_path):
     [
         (
             "[probe]\nintervall = '5s'\n",
-            r"\[probe\] intervall: unknown key; known keys: .*interval",
+            r"\[probe\] intervall: unknown key; did you mean 'interval'\? known keys: .*interval",
         ),
-        ("[prob]\ninterval = '5s'\n", r"\[prob\]: unknown section"),
+        ("[probe]\nzzz = 1\n", r"\[probe\] zzz: unknown key; known keys: "),
+        ("[prob]\ninterval = '5s'\n", r"\[prob\]: unknown section; did you mean \[probe\]\?"),
+        ("[zzz]\ninterval = '5s'\n", r"\[zzz\]: unknown section; known sections: "),
         ("[probe]\ninterval = 'soon'\n", r"\[probe\] interval: expected a duration"),
         ("[probe]\ninterval = '1ms'\n", r"\[probe\] interval: must be at least 0.1s"),
         ("[probe]\ncache_mode = 'never'\n", r"cache_mode: expected one of bust, cached"),
@@ -234,7 +236,7 @@ def test_a_misspelled_variable_is_named_as_the_unknown_key(tmp_path):
         load_settings(str(p), env={"LLM_WATCHDOG__PROBE__INTERVALL": "5s"})
     text = str(err.value)
     assert text.startswith("environment variable LLM_WATCHDOG__PROBE__INTERVALL")
-    assert "unknown key; known keys:" in text and str(p) not in text
+    assert "unknown key; did you mean 'interval'? known keys:" in text and str(p) not in text
     with pytest.raises(ConfigError) as err:
         load_settings(str(p), env={"LLM_WATCHDOG__PROBEE__INTERVAL": "5s"})
     assert str(err.value).startswith("environment variable LLM_WATCHDOG__PROBEE__INTERVAL")

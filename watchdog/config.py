@@ -14,6 +14,7 @@ variable named in the config, never from the command line.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -576,7 +577,9 @@ def build_section(
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"{where}: unknown key; known keys: {known}")
+            near = difflib.get_close_matches(key, list(fields), n=1)
+            guess = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(f"{where}: unknown key; {guess}known keys: {known}")
         values[f.name] = _convert(value, f, hints[f.name], where)
     try:
         return cls(**values)
@@ -601,7 +604,11 @@ def settings_from_dict(
                     f"environment variable {from_env[0]}: unknown section [{name}]; "
                     f"known sections: {known}"
                 )
-            raise ConfigError(f"{source}: [{name}]: unknown section; known sections: {known}")
+            near = difflib.get_close_matches(name, list(SECTIONS), n=1)
+            guess = f"did you mean [{near[0]}]? " if near else ""
+            raise ConfigError(
+                f"{source}: [{name}]: unknown section; {guess}known sections: {known}"
+            )
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: {name}: expected a [{name}] table, got {raw!r}")
         if SECTIONS[name] is dict:

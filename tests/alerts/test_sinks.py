@@ -284,7 +284,8 @@ def test_load_alerts_returns_settings_and_sinks() -> None:
         (
             {"type": "webhook", "url": "https://x.test/h", "urll": "y"},
             {},
-            "alerts.sink[1].urll: unknown key: expected one of blocks, headers, headers_env, "
+            "alerts.sink[1].urll: unknown key: did you mean 'url'? expected one of blocks, "
+            "headers, headers_env, "
             "headers_file, kinds, min_severity, name, shape, timeout, type, url, url_credential, "
             "url_env, url_file",
         ),

@@ -49,6 +49,7 @@ Every error is an `AlertConfigError` whose text names the key and says what is e
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -362,8 +363,11 @@ def _headers(entry: Mapping[str, Any], where: str, env: Mapping[str, str]) -> di
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
     for k in table:
         if k not in allowed:
+            near = difflib.get_close_matches(k, sorted(allowed), n=1)
+            guess = f"did you mean {near[0]!r}? " if near else ""
             raise AlertConfigError(
-                f"{where}.{k}", f"unknown key: expected one of {', '.join(sorted(allowed))}"
+                f"{where}.{k}",
+                f"unknown key: {guess}expected one of {', '.join(sorted(allowed))}",
             )
 
 
