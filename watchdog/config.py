@@ -14,7 +14,6 @@ variable named in the config, never from the command line.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -33,7 +32,7 @@ from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
 from llm_watchdog.durations import format_duration, parse_duration
-from llm_watchdog.errors import ConfigError
+from llm_watchdog.errors import ConfigError, did_you_mean
 from llm_watchdog.probe.client import CACHE_MODES, ProbeOptions
 from llm_watchdog.resources import package_file
 from llm_watchdog.urls import check_http_url
@@ -577,8 +576,7 @@ def build_section(
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
-            near = difflib.get_close_matches(key, list(fields), n=1)
-            guess = f"did you mean {near[0]!r}? " if near else ""
+            guess = did_you_mean(key, fields)
             raise ConfigError(f"{where}: unknown key; {guess}known keys: {known}")
         values[f.name] = _convert(value, f, hints[f.name], where)
     try:
@@ -604,8 +602,7 @@ def settings_from_dict(
                     f"environment variable {from_env[0]}: unknown section [{name}]; "
                     f"known sections: {known}"
                 )
-            near = difflib.get_close_matches(name, list(SECTIONS), n=1)
-            guess = f"did you mean [{near[0]}]? " if near else ""
+            guess = did_you_mean(name, SECTIONS, "[{}]")
             raise ConfigError(
                 f"{source}: [{name}]: unknown section; {guess}known sections: {known}"
             )

@@ -32,7 +32,9 @@ catch ValueError around parsing keep working.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 # Exit codes of every command and service (sysexits.h for EX_CONFIG). Start-up failure is 3,
 # as in uvicorn: distinct from a crash (1) and from a bad config (78), so systemd's
@@ -60,6 +62,13 @@ def printable(text: str) -> str:
 def _escape(m: re.Match[str]) -> str:
     ch = m.group()
     return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or f"\\x{ord(ch):02x}"
+
+
+def did_you_mean(name: str, known: Iterable[str], shown: str = "{!r}") -> str:
+    """The start of an unknown key's advice, "did you mean 'url'? ", where `name` is a typo
+    away from one of `known`, else "" (`shown` writes the match: "[{}]" for a section)."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {shown.format(near[0])}? " if near else ""
 
 
 class WatchdogError(Exception):

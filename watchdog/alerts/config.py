@@ -49,7 +49,6 @@ Every error is an `AlertConfigError` whose text names the key and says what is e
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -66,7 +65,7 @@ from llm_watchdog.alerts.policy import AlertRules
 from llm_watchdog.alerts.sinks import BaseSink, CommandSink, LogSink
 from llm_watchdog.alerts.webhook import SHAPES, WebhookSink
 from llm_watchdog.durations import parse_duration
-from llm_watchdog.errors import ConfigError
+from llm_watchdog.errors import ConfigError, did_you_mean
 
 SINK_TYPES = ("webhook", "command", "log", "alertmanager")
 
@@ -363,8 +362,7 @@ def _headers(entry: Mapping[str, Any], where: str, env: Mapping[str, str]) -> di
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
     for k in table:
         if k not in allowed:
-            near = difflib.get_close_matches(k, sorted(allowed), n=1)
-            guess = f"did you mean {near[0]!r}? " if near else ""
+            guess = did_you_mean(k, sorted(allowed))
             raise AlertConfigError(
                 f"{where}.{k}",
                 f"unknown key: {guess}expected one of {', '.join(sorted(allowed))}",
