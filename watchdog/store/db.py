@@ -510,10 +510,12 @@ def _connect_read_only(path: str, busy_timeout_s: float) -> sqlite3.Connection:
         # The first read is where the WAL index is opened or created.
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         return conn
-    except sqlite3.OperationalError as exc:
+    except sqlite3.DatabaseError as exc:
         msg = str(exc)
         if "unable to open" not in msg and "readonly" not in msg:
-            return conn  # the caller's own first read says what else is wrong
+            # Not this case (a file that is no database, a damaged one): the caller's own
+            # first read says so, and closes the connection as it does for any other.
+            return conn
         conn.close()
         wal = resolved.with_name(resolved.name + "-wal")
         if wal.exists() and wal.stat().st_size > 0:
