@@ -148,9 +148,7 @@ def test_a_power_cap_that_comes_with_the_usual_batch_load_is_part_of_the_baselin
     n = 300 + 2000
     rng = np.random.default_rng(21)
     capped = rng.random(n) < 0.3
-    obs = trace(
-        n, seed=21, mult=np.where(capped, 5.0, 1.0), bits=np.where(capped, SW_POWER_CAP, 0)
-    )
+    obs = trace(n, seed=21, mult=np.where(capped, 5.0, 1.0), bits=np.where(capped, SW_POWER_CAP, 0))
     mon = DriftMonitor(DriftConfig())
     events = run(obs, mon)
     b = mon.baseline
@@ -294,6 +292,50 @@ def test_a_burst_of_failed_probes_is_probes_failing_not_a_latency_shift() -> Non
     assert index_of(opened) == 352  # the third failure in a row
     assert index_of(closed) == 374  # the fifth success after the burst
     assert "Canary probes failing" in opened.message
+
+
+def timed_out(obs: list[Observation], which: Any, wait_ms: float | None) -> list[Observation]:
+    """The probes at `which` failed with no first token; `wait_ms` is what they waited
+    (None: the failure says nothing of the TTFT, as a refused connection does)."""
+    return [
+        dataclasses.replace(o, ok=False, ttft_ms=None, ttft_over_ms=wait_ms) if hit else o
+        for o, hit in zip(obs, col(which, len(obs)), strict=True)
+    ]
+
+
+def test_canaries_that_waited_out_the_first_token_timeout_count_as_slow_chat() -> None:
+    # A batch job slows chat 8x and every other canary waits out the 30 s timeout. Those are
+    # the slowest canaries; unseen, the detector has half the evidence and the event's p95
+    # is that of the ones that got through.
+    n, at = 420, 350
+    i = np.arange(n)
+    loaded = i >= at
+    base = trace(n, seed=31, mult=np.where(loaded, 8.0, 1.0), inflight=np.where(loaded, 6, 2))
+    half = loaded & (i % 2 == 0)
+    seen = run(timed_out(base, half, 30_000.0))
+    unseen = run(timed_out(base, half, None))
+    (opened,) = of_kind(seen, "latency", "opened")
+    (late,) = of_kind(unseen, "latency", "opened")
+    assert opened.cause == "load" == late.cause
+    assert index_of(opened) - at <= 0.6 * (index_of(late) - at), (opened, late)
+    # The event's p95 counts the waits: at least the timeout, not the survivors' 8x.
+    assert opened.peak_p95_ms is not None and opened.peak_p95_ms >= 30_000.0
+    assert late.peak_p95_ms is not None and late.peak_p95_ms < 30_000.0
+    # Both are also failures, as before.
+    assert of_kind(seen, "probes_failing", "opened")
+
+
+def test_a_first_token_timeout_teaches_the_baseline_nothing() -> None:
+    # While the baseline is learned a canary that waited out the timeout is a failure only:
+    # the baseline is normal chat, learned from the 300 that answered.
+    obs = trace(340, seed=32)
+    waited = timed_out(obs, [i % 10 == 5 for i in range(340)], 30_000.0)
+    mon = DriftMonitor(DriftConfig())
+    run(waited[:332], mon)
+    assert mon.baseline is None and mon.state().learning == (299, 300)
+    run(waited[332:], mon)
+    b = mon.baseline
+    assert b is not None and b.n == 300 and b.ttft_p95_ms < 2 * BASE_MS
 
 
 def test_a_failing_event_left_open_by_an_earlier_run_carries_on_and_resolves() -> None:
@@ -455,6 +497,11 @@ def test_observation_from_a_probe_result_and_a_gpu_sample() -> None:
         ProbeResult(**{**probe.to_dict(), "ok": False, "error_class": "first_token_timeout"})
     )
     assert failed.ttft_ms is None and not failed.usable_ttft and failed.gpu_temp_c is None
+    assert failed.ttft_over_ms is None  # no wait recorded
+    waited = dataclasses.replace(probe, ok=False, error_class="first_token_timeout", total_ms=3e4)
+    assert observation_from(waited).ttft_over_ms == 3e4
+    refused = dataclasses.replace(waited, error_class="connect_refused")
+    assert observation_from(refused).ttft_over_ms is None
 
 
 def test_a_slowdown_of_the_body_not_the_tail_is_told_by_its_median() -> None:

@@ -156,3 +156,16 @@ def test_replay_observations_reports_every_snapshot(tmp_path: Path) -> None:
     final = replay_observations(obs, on_event=seen.append)
     assert seen[0].change == "opened" and seen[-1].change == "closed"
     assert len(final) == 1 and final[0].id == seen[0].id
+
+
+def test_a_trace_with_the_waits_of_timed_out_canaries_replays_them_as_slow(tmp_path: Path) -> None:
+    # Baseline, then every canary waits out a 30 s first-token timeout: without the column
+    # these are failures only; with it, chat slowed too.
+    answered = [f"{r}," for r in good_rows(300)]
+    waited = [f"{1_700_000_000 + 10 * i},,0,0,,65,0,30000" for i in range(300, 330)]
+    rows = [f"{HEADER},ttft_over_ms", *answered, *waited]
+    with_waits = write(tmp_path, "\n".join(rows) + "\n")
+    assert {e.kind for e in replay_file(with_waits)} == {"latency", "probes_failing"}
+    cut = [r.rsplit(",", 1)[0] for r in rows]
+    without = write(tmp_path, "\n".join(cut) + "\n", "old.csv")
+    assert {e.kind for e in replay_file(without)} == {"probes_failing"}

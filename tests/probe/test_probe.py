@@ -256,6 +256,8 @@ def test_first_token_timeout_fires_on_time(
     assert r.error_detail is not None and r.error_detail.startswith(detail_start)
     assert "0.4 s (first_token_timeout_s)" in r.error_detail
     assert 0.39 <= elapsed < 1.2
+    # How long it waited, before or after the response began: chat's TTFT was longer.
+    assert r.total_ms is not None and 390 <= r.total_ms <= elapsed * 1000
 
 
 def test_timeout_on_a_kept_alive_connection_says_reused(srv: StreamServer) -> None:

@@ -37,7 +37,8 @@ from llm_watchdog.drift import (
     observation_from,
     replay_file,
 )
-from llm_watchdog.drift.replay import CONTRACT_COLUMNS, THRESHOLD_COLUMNS
+from llm_watchdog.drift.replay import CONTRACT_COLUMNS, THRESHOLD_COLUMNS, WAIT_COLUMNS
+from llm_watchdog.drift.values import ttft_over_ms
 from llm_watchdog.durations import parse_duration
 from llm_watchdog.logs import printable
 from llm_watchdog.nvml.serving import worst_gpu
@@ -273,7 +274,7 @@ def _nearest_sampler(samples: list[Any], learned: dict[str, float] | None = None
 
 
 def _trace_columns() -> tuple[str, ...]:
-    return (*CONTRACT_COLUMNS, *THRESHOLD_COLUMNS)
+    return (*CONTRACT_COLUMNS, *THRESHOLD_COLUMNS, *WAIT_COLUMNS)
 
 
 def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out: TextIO) -> int:
@@ -321,6 +322,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
                     r.get("batch_allowance"),
                     target_c(g),
                     g.temp_slowdown_c if g else None,
+                    ttft_over_ms(probe_from_row(r)),
                 )
             ]
         )
@@ -438,7 +440,6 @@ def alerts(ctx: click.Context, since: str, failed: bool, fmt: str) -> None:
 @click.pass_context
 def alerts_test(ctx: click.Context) -> None:
     """Send a test alert to every configured sink now; exit 1 if any failed."""
-
 
     settings = settings_from(ctx)
     try:

@@ -93,9 +93,13 @@ def _ttft_part(
     p50_ms: float | None,
     baseline_p50_ms: float | None,
     worst: bool = False,
+    over: bool = False,
 ) -> str:
+    """`over`: the p95 is the wait of a canary that got no first token, so chat's p95 is
+    longer than the figure."""
     p95 = ("at worst " if worst else "") + (
-        f"{human_ms(p95_ms, scale_of=baseline_p95_ms)} vs "
+        ("over " if over else "")
+        + f"{human_ms(p95_ms, scale_of=baseline_p95_ms)} vs "
         + human_ms(baseline_p95_ms, scale_of=p95_ms)
     )
     if (
@@ -134,7 +138,13 @@ def latency_message(
         names = " and ".join(SHARE_NAMES.get(k, k) for k, _ in ordered)
         split = ", ".join(f"{k} {100 * v:.0f} %" for k, v in ordered)
         head = f"Chat slowed under {names} ({split})"
-    line = f"{head}: {_ttft_part(p95_ms, baseline_p95_ms, p50_ms, baseline_p50_ms, worst)}"
+    waited, wait_ms = ev.get("timed_out") or 0, ev.get("timeout_ms")
+    over = bool(waited) and p95_ms is not None and wait_ms is not None and p95_ms >= wait_ms
+    ttft = _ttft_part(p95_ms, baseline_p95_ms, p50_ms, baseline_p50_ms, worst, over)
+    if waited and wait_ms is not None:
+        of = f" of {ev['ttft_probes']}" if ev.get("ttft_probes") else ""
+        ttft += f", {waited}{of} canaries got no first token in {human_ms(wait_ms)}"
+    line = f"{head}: {ttft}"
     parts = _gpu_part(ev, cause)
     if cause == "load":
         inflight, base = ev.get("batch_inflight"), ev.get("baseline_batch_inflight")

@@ -89,6 +89,9 @@ class DriftMonitor:
         self._quality = watchers.QualityWatch(self.config)
         self._failures = watchers.FailureWatch(self.config)
         self._recent: deque[float] = deque(maxlen=self.config.p95_window)
+        # Beside each entry of _recent: the wait of a canary that got no first token (its
+        # TTFT was longer), None for a TTFT measured.
+        self._waits: deque[float | None] = deque(maxlen=self.config.p95_window)
         self._book = EventBook()
         self._open = self._book.open  # kind -> the open event of that kind
         self._last_ts: float | None = None
@@ -98,8 +101,8 @@ class DriftMonitor:
         self._elasticity = ClockElasticity()
         self._onset_ts: float | None = None  # last probe with the CUSUM at zero
         self._onset_n = 0  # observation count at that probe
-        self._onset_warm = 0  # ... and warm probe count
-        self._counts = {"probes": 0, "warm": 0, "cold": 0, "failed": 0}
+        self._onset_judged = 0  # ... and the count of TTFTs judged (p95 window entries)
+        self._counts = {"probes": 0, "warm": 0, "cold": 0, "failed": 0, "judged": 0}
         self._baseline: Baseline | None = None
         self._detector: LatencyDetector | None = None
         self._new_baseline: Baseline | None = None
@@ -223,9 +226,16 @@ class DriftMonitor:
 
         if ok and obs.ttft_ms is not None:
             self._counts["warm"] += 1
-            self._recent.append(obs.ttft_ms)
+            self._judged(obs.ttft_ms, None)
             events.extend(self._latency(obs, obs.ttft_ms))
             self._learn_elasticity(obs, obs.ttft_ms)
+        elif obs.ttft_over_ms and self._detector is not None:
+            # No first token within the timeout: the TTFT was longer than the wait, and the
+            # detector takes the wait. z is clipped at clip_z, so once the wait is that far over
+            # the baseline the bound counts as the true TTFT would; nearer, it counts for less,
+            # never more. Left out, the canaries that waited longest would be the ones unseen.
+            self._judged(obs.ttft_over_ms, obs.ttft_over_ms)
+            events.extend(self._latency(obs, obs.ttft_over_ms))
 
         if obs.ok and obs.quality_pass is not None:
             change = self._quality.update(obs.ts, obs.quality_pass)
@@ -250,6 +260,18 @@ class DriftMonitor:
                 why = f"{obs.gpu_temp_c:.0f} °C, under {self._slowdown_c:.0f} °C and not rising"
             events.append(self._book.close("heat_warning", obs.ts, why))
         return events
+
+    def _judged(self, ttft_ms: float, waited_ms: float | None) -> None:
+        """One TTFT, or the wait of a canary that got no first token, into the p95 window."""
+        self._counts["judged"] += 1
+        self._recent.append(ttft_ms)
+        self._waits.append(waited_ms)
+
+    def _waited_out(self, last_n: int) -> dict[str, Any]:
+        """Of the last `last_n` judged: how many canaries got no first token, and the
+        shortest such wait (for the message: a p95 at or over it is a lower bound)."""
+        waits = [w for w in list(self._waits)[len(self._waits) - last_n :] if w is not None]
+        return {"timed_out": len(waits), "timeout_ms": min(waits) if waits else None}
 
     def _take_thresholds(self, obs: Observation) -> None:
         """Where this observation's GPU starts to slow: the lower of its target and SLOWDOWN."""
@@ -298,7 +320,7 @@ class DriftMonitor:
         if det.s == 0.0 and not det.in_event:
             self._onset_ts = obs.ts
             self._onset_n = self._counts["probes"]
-            self._onset_warm = self._counts["warm"]
+            self._onset_judged = self._counts["judged"]
         if result == ALARM:
             return [self._open_latency(obs)]
         if result == END:
@@ -357,7 +379,7 @@ class DriftMonitor:
         probes from before the rise, and the opening line would then cite figures that show
         no slowdown (the demo: "median 44 ms vs 41 ms" where the probes since the clock fell
         ran at 55-100 ms)."""
-        since = self._counts["warm"] - self._onset_warm
+        since = self._counts["judged"] - self._onset_judged
         n = min(max(since, MIN_EVIDENCE_PROBES), len(self._recent))
         return list(self._recent)[len(self._recent) - n :]
 
@@ -401,6 +423,7 @@ class DriftMonitor:
         rec = self._book.new("latency", obs.ts, cause, b.ttft_p95_ms, p95, ev)
         ev["p50_ms"] = stats.quantile(fired_on, 0.5) if fired_on else None
         ev["ttft_probes"] = len(fired_on)
+        ev.update(self._waited_out(len(fired_on)))
         rec.message = messages.latency_message(
             cause, p95, b.ttft_p95_ms, ev, ev["p50_ms"], b.ttft_p50_ms
         )
@@ -431,6 +454,8 @@ class DriftMonitor:
             ev["onset_ts"] = rec.evidence.get("onset_ts")
             ev["p95_ms"] = p95
             ev["p50_ms"] = self._p50()
+            ev["ttft_probes"] = len(self._recent)
+            ev.update(self._waited_out(len(self._recent)))
             rec.evidence = ev
             rec.message = messages.latency_message(
                 rec.cause, rec.peak_p95_ms, rec.baseline_p95_ms, ev, ev["p50_ms"], b50, worst=True

@@ -45,7 +45,10 @@ CONTRACT_COLUMNS = (
 # temperature, or the learned one), `temp_slowdown_c` NVML's SLOWDOWN; the warning aims at the
 # lower of the two.
 THRESHOLD_COLUMNS = ("temp_target_c", "temp_slowdown_c")
-OPTIONAL = (*CONTRACT_COLUMNS[2:], *THRESHOLD_COLUMNS)
+# Also beyond it: a failed probe that got no first token within the timeout, how long it
+# waited. With it a replay judges those canaries as the daemon did (a TTFT over the wait).
+WAIT_COLUMNS = ("ttft_over_ms",)
+OPTIONAL = (*CONTRACT_COLUMNS[2:], *THRESHOLD_COLUMNS, *WAIT_COLUMNS)
 FLOAT_COLUMNS = (
     "gpu_temp_c",
     "sm_clock_mhz",
@@ -117,6 +120,8 @@ def _row(cells: dict[str, str]) -> tuple[dict[str, Any], bool]:
     out: dict[str, Any] = {"ts": _float(get["ts"], "ts")}
     ttft = get.get("ttft_ms", "")
     out["ttft_ms"] = _float(ttft, "ttft_ms", minimum=0.0) if ttft else None
+    over = get.get("ttft_over_ms", "")
+    out["ttft_over_ms"] = _float(over, "ttft_over_ms", minimum=0.0) if over else None
     ok = get.get("ok", "")
     out["ok"] = _flag(ok, "ok") if ok else out["ttft_ms"] is not None
     cold = get.get("cold", "")

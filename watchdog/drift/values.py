@@ -46,6 +46,9 @@ class Observation:
     temp_target_c: float | None = None
     temp_threshold: str | None = None  # llm_watchdog.nvml.thresholds.SOURCES; None: inferred
     gpu_index: int | None = None  # the GPU the telemetry is from (the worst serving one)
+    # A failed probe that got no first token within the first-token timeout: how long it
+    # waited. Its TTFT was longer than this (a lower bound the latency detector takes).
+    ttft_over_ms: float | None = None
 
     @property
     def usable_ttft(self) -> bool:
@@ -91,7 +94,15 @@ def observation_from(
         else (g.temp_target_c if g else None),
         temp_threshold=temp_threshold,
         gpu_index=g.gpu_index if g else None,
+        ttft_over_ms=ttft_over_ms(probe),
     )
+
+
+def ttft_over_ms(probe: ProbeResult) -> float | None:
+    """What a first-token timeout says of the TTFT: longer than the wait (None otherwise)."""
+    if probe.ok or probe.error_class != "first_token_timeout" or not probe.total_ms:
+        return None
+    return probe.total_ms
 
 
 @dataclass(frozen=True)

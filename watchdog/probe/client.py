@@ -139,6 +139,7 @@ class _Failure(Exception):
         self.http_status = http_status
         self.measure: _Measure | None = None  # what was measured before it failed
         self.connection = "fresh"  # when it failed before a response
+        self.waited_ms: float | None = None  # request start -> failure, when before a response
 
 
 class _StaleConnection(Exception):
@@ -478,6 +479,7 @@ class Prober:
                 raise _StaleConnection from exc
             failure = self._send_failure(exc, retry, first_deadline_s)
             failure.connection = "retried_stale" if retry else self._label(trace, self._sent)
+            failure.waited_ms = (time.perf_counter_ns() - t_start) / 1e6
             raise failure from exc
         label = self._label(trace, self._sent)
         self._sent += 1
@@ -708,7 +710,10 @@ class Prober:
         return ProbeResult(**base, ok=True, quality_pass=prompt.check(answer), **_numbers(m))
 
     def _failure(self, base: dict[str, Any], exc: _Failure, m: _Measure | None) -> ProbeResult:
-        numbers = _numbers(m) if m is not None else {"connection": exc.connection}
+        if m is not None:
+            numbers = _numbers(m)
+        else:  # total_ms: how long it waited for an answer that did not come
+            numbers = {"connection": exc.connection, "total_ms": exc.waited_ms}
         return ProbeResult(
             **base,
             ok=False,
