@@ -221,7 +221,7 @@ def test_the_gateway_reads_the_slots_of_a_real_llama_server(llama):
     assert (batch["engine_slots"], batch["slot_line"]) == (4, 3)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1700)
 def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway(
     loop_server, tmp_path
 ):
@@ -298,7 +298,11 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
                 # Chat alone until the baseline is learned (20 warm probes; on a busy
                 # machine a probe can take seconds), then a few more.
                 quiet = probe_for(300, until=lambda: daemon.judge.monitor.baseline is not None)
-                assert daemon.judge.monitor.baseline is not None, "no baseline from quiet chat"
+                assert daemon.judge.monitor.baseline is not None, (
+                    "no baseline from quiet chat",
+                    daemon.judge.monitor.state(),
+                    [(r.ok, r.cold, r.error_class, r.ttft_ms) for r in quiet[-10:]],
+                )
                 quiet += probe_for(5)
                 with BatchLoad(gw.url, daemon.model, streams=6, words=700, max_tokens=64):
                     # Seeing first, the controller in dry run: one that cuts within seconds
@@ -308,7 +312,13 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
                     loaded = probe_for(720, until=detected, act=False)
                     # Then acting: the controller cuts through the gateway and chat recovers.
                     loaded += probe_for(120, until=cut)
+                    # The batch requests already running finish first (nothing is stopped);
+                    # on a busy machine that takes minutes, and chat is read once 5 canaries
+                    # have answered after at least 30 s.
                     after = probe_for(30)
+                    more = time.monotonic() + 180
+                    while sum(r.ok for r in after) < 5 and time.monotonic() < more:
+                        after += probe_for(5)
                     allowance = httpx_get(f"{gw.url}/control")["classes"]["batch"]["allowance"]
             finally:
                 daemon.shutdown(timeout_s=5)
@@ -331,7 +341,6 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
     base = statistics.median(r.ttft_ms for r in quiet if r.ok and not r.cold)
     # A canary that got no first token waited the whole first-token timeout (30 s).
     worst = max(r.ttft_ms if r.ok else 30_000.0 for r in loaded)
-    recent = statistics.median(r.ttft_ms for r in after if r.ok)
     # What the loaded phase saw, for a failure's message.
     seen = {
         "base_ms": base,
@@ -339,14 +348,17 @@ def test_batch_load_slows_chat_the_daemon_says_load_and_cuts_through_the_gateway
         "ok": sum(r.ok for r in loaded),
         "errors": sorted({r.error_class for r in loaded if not r.ok}),
         "ttft_ms": [round(r.ttft_ms) for r in loaded if r.ok],
+        "after_ms": [round(r.ttft_ms) if r.ok else r.error_class for r in after],
         "all_events": store_events,
     }
+    assert sum(r.ok for r in after) >= 5, seen
+    recent = statistics.median(r.ttft_ms for r in after if r.ok)
     assert worst > 4 * base, (base, worst)  # the batch job wrecked chat's tail
     assert events and events[0]["cause"] == "load", seen
     assert cuts and allowance < 6, (cuts, allowance)
     assert read_back, "the cut is read back from the gateway"
     assert all(r["read_allowance"] == r["allowance_after"] for r in read_back), read_back
-    assert recent < worst / 3, (base, worst, recent)  # chat came back toward its baseline
+    assert recent < worst / 3, seen  # chat came back toward its baseline
     # The exported trace replays through the same detector to the same event and cause.
     replayed = [e for e in replay_file(trace, settings.drift_config()) if e.kind == "latency"]
     assert replayed and replayed[0].cause == "load", replayed
