@@ -1,7 +1,13 @@
-"""`llm-watchdog demo`, shortened, tells the heat story in order and with the right causes."""
+"""`llm-watchdog demo`, shortened: the whole loop over real HTTP, and the heat story told in
+order and with the right causes."""
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
 import pytest
 
 from llm_watchdog.alerts.events import AlertEvent
@@ -14,6 +20,8 @@ from llm_watchdog.demo import (
     story,
     summary,
 )
+from llm_watchdog.nvml.throttle import THERMAL_MASK
+from llm_watchdog.store.db import Store
 
 ORDER = ("heat_warning", "throttled", "chat_slowed", "cut", "fans_back", "resolved", "regrown")
 # The control loop reads chat's p95 every 2 s and may cut a probe or two before the detector
@@ -30,12 +38,33 @@ AFTER = {
 }
 
 
+@dataclass(frozen=True)
+class Told:
+    opts: DemoOptions
+    result: DemoResult
+    said: list[str]
+    leftover: set[str]  # threads the demo left running
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Told:
+    """One shortened demo (three minutes at 25x: over an hour of the card's time) for the
+    tests that read it whole; each run takes minutes of wall time."""
+    threads_before = {t.name for t in threading.enumerate()}
+    said: list[str] = []
+    opts = DemoOptions(
+        duration_s=180, time_scale=25, db_path=tmp_path_factory.mktemp("demo") / "demo.db"
+    )
+    result = run_demo(opts, say=said.append)
+    time.sleep(0.5)
+    leftover = {t.name for t in threading.enumerate()} - threads_before
+    return Told(opts, result, said, leftover)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_path):
-    said: list[str] = []
-    opts = DemoOptions(duration_s=180, time_scale=25, db_path=tmp_path / "demo.db")
-    result = run_demo(opts, say=said.append)
+def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(demo: Told):
+    opts, result = demo.opts, demo.result
     told = story(result)
     steps = [step for _, step, _ in told]
     if not all(s in steps for s in ORDER):
@@ -56,6 +85,65 @@ def test_the_demo_warns_before_the_throttle_names_heat_cuts_and_grows_back(tmp_p
     assert "back to" in resolved.message  # says what ended it
     lines = summary(result)
     assert "  what happened, in order" in lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_demo_runs_the_whole_loop_and_leaves_nothing_running(demo: Told):
+    result, said = demo.result, demo.said
+    lines = summary(result)
+
+    assert len(result.probes) > 50
+    assert sum(r.ok for _, r, _, _ in result.probes) >= 0.95 * len(result.probes)
+    hot = [
+        g
+        for _, _, g, _ in result.probes
+        if g is not None and g.throttle_reasons and g.throttle_reasons & THERMAL_MASK
+    ]
+    assert hot, "the fans stop: the card must throttle for heat"
+    kinds = {a.kind for a in result.alerts if a.state == "firing"}
+    assert kinds & {"heat_warning", "chat_slowed"}, kinds
+    assert len({a for _, a in result.allowances}) > 1, "the controller moved the allowance"
+    with Store(result.db_path) as store:
+        writes = store.rows(
+            "SELECT * FROM control_actions WHERE applied = 1 AND "
+            "allowance_after != allowance_before"
+        )
+        verified = store.rows("SELECT * FROM control_actions WHERE verify_kind = 'ok'")
+        assert store.rows("SELECT * FROM baselines")
+        # Each probe row keeps the batch state it was sent under, for trace export and replay:
+        # the allowance the controller held then, in the order the controller moved it. How
+        # far it moves (to 0 on a loaded machine, where chat is slower) is the law's to say.
+        recorded = [
+            r["batch_allowance"]
+            for r in store.rows("SELECT batch_allowance FROM probes ORDER BY ts, id")
+        ]
+        moves = store.rows(
+            "SELECT allowance_before, allowance_after FROM control_actions "
+            "WHERE applied = 1 ORDER BY ts, id"
+        )
+    assert recorded == [a for *_, a in result.probes]
+    # Only the probes sent before the controller has started carry none.
+    first = next(i for i, v in enumerate(recorded) if v is not None)
+    held = recorded[first:]
+    assert None not in held and first < 0.25 * len(recorded), recorded
+    path = [moves[0]["allowance_before"]] + [m["allowance_after"] for m in moves]
+    seen = [v for i, v in enumerate(held) if i == 0 or held[i - 1] != v]
+    rest = iter(path)
+    assert all(v in rest for v in seen), (seen, path)
+    assert writes and verified
+    assert any("batch allowance" in line for line in lines)
+    assert any(str(result.db_path) in line for line in lines)
+    (gpu_line,) = [line for line in lines if line.strip().startswith("GPU ")]
+    heat = len(hot)  # the probes with a thermal reason: the cap alone is not heat
+    assert f"slowed by heat in {heat} of {len(result.probes)} probes" in gpu_line, gpu_line
+
+    # Everything it started is stopped: no server answers, no thread of its own is left.
+    url = next(s for s in said if s.startswith("engine ")).split()[1]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
+    leftover = demo.leftover
+    assert not {n for n in leftover if not n.startswith(("alerts:", "Thread-"))}, leftover
 
 
 def test_the_cut_line_names_each_change_before_the_allowance_grew_back(tmp_path):
