@@ -109,6 +109,8 @@ def test_human_duration(seconds: float | None, text: str) -> None:
         (999.6, None, "1.0 s"),
         (1900, None, "1.9 s"),
         (800, 1900, "0.8 s"),
+        (800, 30_000, "0.8 s"),  # a small figure beside a large one keeps its tenths
+        (30_000, 800, "30 s"),
         (300, 0, "300 ms"),
         (9_949, None, "9.9 s"),
         (9_960, None, "10 s"),

@@ -101,6 +101,7 @@ def human_ms(ms: float | None, *, scale_of: float | None = None) -> str:
     if scale < 999.5:  # what would round to "1000 ms" reads better as "1.0 s"
         return f"{round(ms)} ms"
     s = ms / 1000
-    if scale < 9_950:
+    # Tenths below 10 s even beside a larger figure: "30 s vs 0.8 s", not "30 s vs 1 s".
+    if scale < 9_950 or abs(ms) < 9_950:
         return f"{s:.1f} s"
     return f"{round(s)} s"
