@@ -167,7 +167,7 @@ def closed_message(duration_s: float, opened_message: str, why: str | None = Non
 
 
 def threshold_phrase(ev: dict[str, Any]) -> str:
-    """"its target temperature 83 °C" or "slowdown at 93 °C": which threshold, and where."""
+    """Which threshold, and where: "its target temperature 83 °C" or "slowdown at 93 °C"."""
     limit, source = ev.get("temp_slowdown_c"), ev.get("temp_threshold")
     if limit is None:
         return "thermal slowdown"
