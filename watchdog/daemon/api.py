@@ -275,7 +275,8 @@ class DaemonCollector(Collector):
         if drift.get("recent_p95_ms") is not None:
             yield GaugeMetricFamily(
                 "llm_watchdog_recent_ttft_p95_seconds",
-                "Canary TTFT p95 over the detector's recent window.",
+                "Canary TTFT p95 over the detector's recent window; a canary that got no "
+                "first token within the timeout counts as the time it waited.",
                 value=drift["recent_p95_ms"] / 1000.0,
             )
         learning = drift.get("learning") or {}
