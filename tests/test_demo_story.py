@@ -247,3 +247,34 @@ def test_a_phase_row_names_the_median_the_slower_clock_moves(tmp_path):
     assert len(rows) == 2
     assert "chat p50   40 ms, p95   40 ms (worst 10 s   40 ms)" in rows[0]
     assert "chat p50   80 ms" in rows[1] and "SM clock median     - MHz" in rows[1]
+
+
+def test_a_phase_row_reads_the_clock_chat_ran_at_not_an_idle_cards_floor(tmp_path):
+    from llm_watchdog.demo import _line as probe_line
+    from llm_watchdog.models import GpuSample
+    from tests.helpers.builders import probe_result
+
+    def hot(clock: float, reasons: int) -> GpuSample:
+        return GpuSample(
+            ts=0.0, gpu_index=0, temp_c=84.0, sm_clock_mhz=clock, sm_clock_max_mhz=1950.0,
+            power_w=30.0, throttle_reasons=reasons,
+        )  # fmt: skip
+
+    # The batch cut to 0: between canaries the hot card idles at its floor, thermal bit on.
+    busy, idle = hot(600.0, 0x20), hot(210.0, 0x1 | 0x20)  # SW_THERMAL, + GPU_IDLE
+    probes = [
+        (float(t), probe_result(1000.0 + t, ttft_ms=60.0), idle if t % 3 else busy, 0)
+        for t in range(45, 120)
+    ]
+    result = DemoResult(
+        db_path=tmp_path / "demo.db",
+        probes=probes,
+        phases=[("air 76 °C", 45.0, 120.0)],
+        started_at=1000.0,
+    )
+    (row,) = [line for line in summary(result) if "chat p50" in line]
+    assert "SM clock median   600 MHz" in row, row
+    # Each live row says why its clock reads the floor.
+    assert "SM  210/1950 MHz" in probe_line(50.0, probes[1][1], idle, 0)
+    assert "idle,sw_thermal_slowdown" in probe_line(50.0, probes[1][1], idle, 0)
+    assert "idle" not in probe_line(45.0, probes[0][1], busy, 0)

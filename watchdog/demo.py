@@ -35,7 +35,7 @@ from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.nvml.throttle import is_power, is_thermal, reason_names
+from llm_watchdog.nvml.throttle import GPU_IDLE, is_power, is_thermal, reason_names
 from llm_watchdog.probe.engine import resolve_model
 from llm_watchdog.report.data import nearest_rank
 from llm_watchdog.sim.scenario import load_scenario
@@ -126,7 +126,9 @@ def _line(t: float, r: ProbeResult, g: GpuSample | None, allowance: int | None) 
     if g is None:
         gpu = "GPU -"
     else:
-        reasons = ",".join(n for n in reason_names(g.throttle_reasons) if n != "gpu_idle")
+        # "idle" says why a clock reads 210 MHz under a thermal bit: the card had nothing to run.
+        names = reason_names(g.throttle_reasons)
+        reasons = ",".join("idle" if n == "gpu_idle" else n for n in names)
         gpu = (
             f"GPU {g.temp_c:3.0f} °C  SM {g.sm_clock_mhz:4.0f}/{g.sm_clock_max_mhz:4.0f} MHz"
             f"  {g.power_w:3.0f} W  {reasons or '-'}"
@@ -460,7 +462,12 @@ def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
             if start <= t < end and r.ok and not r.cold and (ms := r.ttft_ms)
         ]
         allow = [a for _, _, a in rows if a is not None]
-        clocks = [g.sm_clock_mhz for _, g, _ in rows if g is not None and g.sm_clock_mhz]
+        # The clock chat ran at: an idle card's clock is its floor, whatever the heat.
+        clocks = [
+            g.sm_clock_mhz
+            for _, g, _ in rows
+            if g is not None and g.sm_clock_mhz and not (g.throttle_reasons or 0) & GPU_IDLE
+        ]
         if not ttfts:
             continue
         lines.append(
