@@ -130,9 +130,10 @@ def test_an_idle_cards_clock_is_left_out_of_a_rows_band_as_out_of_its_state() ->
     }
     idle = observation_from(row)
     assert (idle.state, idle.clock_ratio) == ("warm", None)
+    # Hot and idle (the demo's hot phase once the batch is cut to 0): the thermal bit makes
+    # it hot; its clock is the idle floor, not what heat held it at, and is not in the band.
     held = observation_from({**row, "throttle_reasons": GPU_IDLE | SW_THERMAL_SLOWDOWN})
-    assert held.state == "hot" and held.clock_ratio is not None
-    assert abs(held.clock_ratio - 210.0 / 1950.0) < 1e-9
+    assert (held.state, held.clock_ratio) == ("hot", None)
     busy = observation_from({**row, "sm_clock_mhz": 1860.0, "throttle_reasons": 0})
     assert busy.clock_ratio is not None and abs(busy.clock_ratio - 1860.0 / 1950.0) < 1e-9
 

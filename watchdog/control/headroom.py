@@ -76,11 +76,12 @@ def clock_ratio(
     sm_clock_mhz: float | None, sm_clock_max_mhz: float | None, reasons: int | None
 ) -> float | None:
     """The SM clock as a share of its maximum, as a thermal state reads it: None for an idle
-    card (the GpuIdle bit and no thermal bit), whose clock is low without heat."""
+    card (the GpuIdle bit), whose clock sits at its floor whatever the heat. A hot card
+    idling keeps its thermal bit, and that bit, not the floor, makes its state hot."""
     bits = reasons or 0
     if sm_clock_mhz is None or not sm_clock_max_mhz:
         return None
-    if bits & GPU_IDLE and not bits & THERMAL_MASK:
+    if bits & GPU_IDLE:
         return None
     return sm_clock_mhz / sm_clock_max_mhz
 
@@ -279,8 +280,8 @@ def row_for(rows: Sequence[StateRow], state: str) -> StateRow | None:
 STATE_RULE = (
     f"hot: a thermal throttle bit, or the clock under {HOT_CLOCK_RATIO:.2f} of its maximum; "
     f"warm: the clock under {WARM_CLOCK_RATIO:.2f}, or within {WARM_MARGIN_C:.0f} °C of where "
-    "the clocks start to fall for heat; cool: neither (the clock of an idle card, low "
-    "without heat, is not read)"
+    "the clocks start to fall for heat; cool: neither (the clock of an idle card, at its "
+    "floor whatever the heat, is not read)"
 )
 
 
