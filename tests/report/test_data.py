@@ -199,3 +199,20 @@ def test_no_batch_counts_leave_the_batch_chart_out_with_one_note() -> None:
     r = from_rows(source="t", since_ts=T0, until_ts=T0 + 300, probes=some, gpu=samples)
     assert not r.no_batch and not r.notes and "batch" in [n for n, _ in charts_for(r)]
     assert "<b>control actions</b>" in report_html(r)
+
+
+def test_a_canary_sent_to_an_idle_card_is_not_drawn_at_the_idle_clock() -> None:
+    # The demo's hot phase with the batch cut to 0: between canaries the card idles at
+    # 210 MHz with the thermal bit on; the canaries ran fast, at whatever clock it woke to.
+    probes = [
+        {"ts": T0 + 10 * i, "ok": 1, "cold": 0, "ttft_ms": 60.0, "batch_inflight": 0}
+        for i in range(6)
+    ]
+    idle, busy = 0x1 | 0x20, 0x20  # GPU_IDLE | SW_THERMAL, SW_THERMAL
+    gpu = [
+        {"ts": T0 + 10 * i - 1, "gpu_index": 0, "sm_clock_mhz": 210.0 if i % 2 else 600.0,
+         "throttle_reasons": idle if i % 2 else busy, "temp_c": 84.0}
+        for i in range(6)
+    ]  # fmt: skip
+    r = from_rows(source="t", since_ts=T0 - 10, until_ts=T0 + 60, probes=probes, gpu=gpu)
+    assert [p[0] for p in r.scatter] == [600.0, 600.0, 600.0]
