@@ -35,7 +35,7 @@ from llm_watchdog.daemon.service import Daemon
 from llm_watchdog.gateway import GatewayConfig, GatewayServer
 from llm_watchdog.logs import setup_logging
 from llm_watchdog.models import GpuSample, ProbeResult
-from llm_watchdog.nvml.throttle import GPU_IDLE, is_power, is_thermal, reason_names
+from llm_watchdog.nvml.throttle import is_idle, is_power, is_thermal, reason_names
 from llm_watchdog.probe.engine import resolve_model
 from llm_watchdog.report.data import nearest_rank
 from llm_watchdog.sim.scenario import load_scenario
@@ -466,7 +466,7 @@ def summary(result: DemoResult, command: str = "llm-watchdog") -> list[str]:
         clocks = [
             g.sm_clock_mhz
             for _, g, _ in rows
-            if g is not None and g.sm_clock_mhz and not (g.throttle_reasons or 0) & GPU_IDLE
+            if g is not None and g.sm_clock_mhz and not is_idle(g.throttle_reasons)
         ]
         if not ttfts:
             continue

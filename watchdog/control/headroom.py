@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llm_watchdog.nvml.thresholds import throttle_onset
-from llm_watchdog.nvml.throttle import GPU_IDLE, THERMAL_MASK
+from llm_watchdog.nvml.throttle import THERMAL_MASK, is_idle
 from llm_watchdog.stats import binom_sf, normal_cdf, quantile
 
 STATES = ("cool", "warm", "hot", "no-gpu")
@@ -78,10 +78,7 @@ def clock_ratio(
     """The SM clock as a share of its maximum, as a thermal state reads it: None for an idle
     card (the GpuIdle bit), whose clock sits at its floor whatever the heat. A hot card
     idling keeps its thermal bit, and that bit, not the floor, makes its state hot."""
-    bits = reasons or 0
-    if sm_clock_mhz is None or not sm_clock_max_mhz:
-        return None
-    if bits & GPU_IDLE:
+    if sm_clock_mhz is None or not sm_clock_max_mhz or is_idle(reasons):
         return None
     return sm_clock_mhz / sm_clock_max_mhz
 

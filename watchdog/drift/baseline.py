@@ -39,7 +39,7 @@ def _median_or_none(values: Sequence[float | None]) -> float | None:
 def busy_clock(obs: Observation) -> float | None:
     """The SM clock when it says something about speed: not while the GPU idles (GpuIdle bit),
     when the clock drops to its idle floor whatever the temperature."""
-    if obs.sm_clock_mhz is None or (obs.throttle_reasons or 0) & throttle.GPU_IDLE:
+    if obs.sm_clock_mhz is None or throttle.is_idle(obs.throttle_reasons):
         return None
     return obs.sm_clock_mhz
 

@@ -92,6 +92,12 @@ def is_power(mask: int | None) -> bool:
     return bool(mask and mask & POWER_MASK)
 
 
+def is_idle(mask: int | None) -> bool:
+    """True when the card had nothing to run (GpuIdle): its clock then reads its floor,
+    whatever the heat, and says nothing of the clock work runs at."""
+    return bool(mask and mask & GPU_IDLE)
+
+
 def is_throttled(mask: int | None) -> bool:
     """True when heat or power is holding the clocks down (idle, settings, sync boost are not)."""
     return bool(mask and mask & THROTTLE_MASK)

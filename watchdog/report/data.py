@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_watchdog.durations import human_duration
-from llm_watchdog.nvml.throttle import GPU_IDLE, is_power, is_thermal, reason_names
+from llm_watchdog.nvml.throttle import is_idle, is_power, is_thermal, reason_names
 
 
 @dataclass
@@ -311,10 +311,7 @@ def from_rows(
         clock = _at(gpu_ts, gpu, p["ts"], "sm_clock_mhz")
         # A card idle before the canary reads its clock floor (210 MHz, thermal bit or not),
         # not the clock the canary ran at: such a point would put fast chat at the lowest clock.
-        if (
-            clock is not None
-            and not (_at(gpu_ts, gpu, p["ts"], "throttle_reasons") or 0) & GPU_IDLE
-        ):
+        if clock is not None and not is_idle(_at(gpu_ts, gpu, p["ts"], "throttle_reasons")):
             report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight")))
     report.headroom = list(headroom)
     if not probes:
