@@ -322,7 +322,7 @@ def export_trace(store: Any, since_ts: float | None, until_ts: float | None, out
                     r.get("batch_allowance"),
                     target_c(g),
                     g.temp_slowdown_c if g else None,
-                    ttft_over_ms(probe_from_row(r)),
+                    ttft_over_ms(bool(r["ok"]), r["error_class"], r["total_ms"]),
                 )
             ]
         )

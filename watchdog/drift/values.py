@@ -94,15 +94,16 @@ def observation_from(
         else (g.temp_target_c if g else None),
         temp_threshold=temp_threshold,
         gpu_index=g.gpu_index if g else None,
-        ttft_over_ms=ttft_over_ms(probe),
+        ttft_over_ms=ttft_over_ms(probe.ok, probe.error_class, probe.total_ms),
     )
 
 
-def ttft_over_ms(probe: ProbeResult) -> float | None:
-    """What a first-token timeout says of the TTFT: longer than the wait (None otherwise)."""
-    if probe.ok or probe.error_class != "first_token_timeout" or not probe.total_ms:
+def ttft_over_ms(ok: bool, error_class: str | None, total_ms: float | None) -> float | None:
+    """What a first-token timeout says of the TTFT: longer than the wait (None otherwise).
+    Takes a probe's fields, so a stored row is read without building a ProbeResult."""
+    if ok or error_class != "first_token_timeout" or not total_ms:
         return None
-    return probe.total_ms
+    return total_ms
 
 
 @dataclass(frozen=True)
