@@ -134,7 +134,9 @@ def test_a_latency_only_png_is_shorter_and_carries_the_note(
             heights[name] = img.size[1]
     # Two charts fewer; the note's lines take a little of that back.
     chart_px = HEIGHT_IN * DPI
-    assert 1.5 * chart_px < heights["with_gpu"] - heights["no_nvml"] < 2 * chart_px
+    saved = heights["with_gpu"] - heights["no_nvml"]
+    assert saved > 1.5 * chart_px, f"latency-only PNG only {saved} px shorter"
+    assert saved < 2 * chart_px, f"latency-only PNG {saved} px shorter: the note was lost"
     # The picture has no page to carry the note: it is under the title, whole and once.
     title = " ".join(report_figure(report_of(databases["no_nvml"])).get_suptitle().splitlines())
     assert title.count(NO_GPU_NOTE) == 1 and title.count(NO_BATCH_NOTE) == 1
