@@ -4,6 +4,7 @@ shares, and messages say how the GPU is now and what ended an event."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,10 @@ def test_messages_use_the_newest_clock_and_the_resolved_one_says_what_ended_it()
     (closed,) = of_kind(events, "latency", "closed")
     assert closed.message.startswith("Resolved after")
     assert "p95 TTFT back to" in closed.message and "no throttle bit" in closed.message
+    # "Back to" is the probes that ended it, not the p95 window, which still holds the hot
+    # answers (it said "back to 2118 ms" here, over the 1.2 s the event opened at).
+    back_ms = float(re.search(r"p95 TTFT back to (\d+) ms", closed.message).group(1))  # type: ignore[union-attr]
+    assert closed.baseline_p95_ms is not None and back_ms < 1.25 * closed.baseline_p95_ms
     # Chat got worse after the alarm: the resolved line gives the worst p95 and says so, and
     # the opened line's p95 is the one the alarm fired on.
     assert "at worst" not in opened.message

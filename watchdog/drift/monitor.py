@@ -102,6 +102,7 @@ class DriftMonitor:
         self._onset_ts: float | None = None  # last probe with the CUSUM at zero
         self._onset_n = 0  # observation count at that probe
         self._onset_judged = 0  # ... and the count of TTFTs judged (p95 window entries)
+        self._recovery_judged = 0  # the count judged when an open event's recovery sum was 0
         self._counts = {"probes": 0, "warm": 0, "cold": 0, "failed": 0, "judged": 0}
         self._baseline: Baseline | None = None
         self._detector: LatencyDetector | None = None
@@ -321,6 +322,8 @@ class DriftMonitor:
             self._onset_ts = obs.ts
             self._onset_n = self._counts["probes"]
             self._onset_judged = self._counts["judged"]
+        if det.in_event and det.d == 0.0:
+            self._recovery_judged = self._counts["judged"]
         if result == ALARM:
             return [self._open_latency(obs)]
         if result == END:
@@ -379,7 +382,12 @@ class DriftMonitor:
         probes from before the rise, and the opening line would then cite figures that show
         no slowdown (the demo: "median 44 ms vs 41 ms" where the probes since the clock fell
         ran at 55-100 ms)."""
-        since = self._counts["judged"] - self._onset_judged
+        return self._judged_since(self._onset_judged)
+
+    def _judged_since(self, mark: int) -> list[float]:
+        """The warm TTFTs judged since the count stood at `mark`: at least
+        MIN_EVIDENCE_PROBES, at most the p95 window."""
+        since = self._counts["judged"] - mark
         n = min(max(since, MIN_EVIDENCE_PROBES), len(self._recent))
         return list(self._recent)[len(self._recent) - n :]
 
@@ -472,7 +480,11 @@ class DriftMonitor:
 
     def _ended_by(self, rec: Any, obs: Observation) -> str:
         """What ended a latency event, from the newest telemetry: for its resolved message."""
-        p95 = self._p95()
+        # The probes since the recovery sum last stood at zero ended it. The p95 window still
+        # holds the slowdown's answers: "p95 TTFT back to 507 ms" after an event that opened
+        # at 503 ms read as no recovery at all (the demo, --no-control).
+        recovered = self._judged_since(self._recovery_judged)
+        p95 = stats.quantile(recovered, 0.95) if recovered else None
         parts = [f"p95 TTFT back to {p95:.0f} ms" if p95 is not None else "TTFT back"]
         cause = rec.cause if rec is not None else "unknown"
         clock = busy_clock(obs)
