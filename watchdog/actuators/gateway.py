@@ -74,17 +74,21 @@ class GatewayActuator:
             )
         return ApplyResult(True, allowance, f"{self.name}: allowance {allowance}", lease_s, expires)
 
-    def read_back(self) -> ReadBack:
-        url = f"{self.base_url}/control"
+    def _get(self, url: str, params: dict[str, str] | None = None) -> Any:
+        """GET a control API page's JSON, or an ActuatorError that says what went wrong."""
         try:
-            resp = self._client.get(url)
+            resp = self._client.get(url, params=params)
         except httpx.HTTPError as exc:
             raise ActuatorError(http_error(exc, "GET", url, self._hint)) from exc
         if resp.status_code != 200:
             raise ActuatorError(
                 f"GET {url} answered HTTP {resp.status_code}: {error_message(resp)}"
             )
-        data = json_body(resp, "GET")
+        return json_body(resp, "GET")
+
+    def read_back(self) -> ReadBack:
+        url = f"{self.base_url}/control"
+        data = self._get(url)
         try:
             c = data["classes"][self.cls]
             return ReadBack(
@@ -109,15 +113,7 @@ class GatewayActuator:
         """What the gateway saw of real traffic since `since_ts` (unix seconds): per class the
         TTFTs, the requests counted and in flight (GET /control/observed). Needs no token."""
         url = f"{self.base_url}/control/observed"
-        try:
-            resp = self._client.get(url, params={"since": f"{since_ts:.3f}"})
-        except httpx.HTTPError as exc:
-            raise ActuatorError(http_error(exc, "GET", url, self._hint)) from exc
-        if resp.status_code != 200:
-            raise ActuatorError(
-                f"GET {url} answered HTTP {resp.status_code}: {error_message(resp)}"
-            )
-        data = json_body(resp, "GET")
+        data = self._get(url, {"since": f"{since_ts:.3f}"})
         if not isinstance(data, dict):
             raise ActuatorError(f"GET {url} did not answer a JSON object")
         return data
