@@ -7,7 +7,7 @@ import io
 from PIL import Image
 
 from llm_watchdog.nvml.throttle import SW_POWER_CAP, SW_THERMAL_SLOWDOWN
-from llm_watchdog.report.charts import report_png
+from llm_watchdog.report.charts import report_figure, report_png
 from llm_watchdog.report.data import (
     Report,
     from_rows,
@@ -216,3 +216,17 @@ def test_a_canary_sent_to_an_idle_card_is_not_drawn_at_the_idle_clock() -> None:
     ]  # fmt: skip
     r = from_rows(source="t", since_ts=T0 - 10, until_ts=T0 + 60, probes=probes, gpu=gpu)
     assert [p[0] for p in r.scatter] == [600.0, 600.0, 600.0]
+    # The clock line is the working card's; the idle floor is a line of its own.
+    assert r.sm_clock_mhz.values == [600.0, None, 600.0, None, 600.0, None]
+    assert r.sm_clock_idle_mhz.values == [None, 210.0, None, 210.0, None, 210.0]
+    fig = report_figure(r)
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert "SM clock MHz" in labels and "SM clock, card idle" in labels
+    (idle_line,) = [
+        line
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_label() == "SM clock, card idle"
+    ]
+    assert idle_line.get_linestyle() == ":"
+    assert "dotted where the card was idle" in report_html(r)

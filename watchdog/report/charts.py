@@ -112,18 +112,23 @@ def draw_gpu(ax: Axes, r: Report) -> bool:
                    alpha=0.35 if heat else 0.6, lw=0.8,
                    label=None if label in said else label)  # fmt: skip
         said.add(label)
-    if not r.temp_c and not r.sm_clock_mhz:
+    if not r.temp_c and not r.sm_clock_mhz and not r.sm_clock_idle_mhz:
         _empty(ax, "no GPU samples in this span")
         return False
     ax.plot(*_xy(r.temp_c), color=TEMP, lw=1.5, label="temperature °C")
     ax.set_ylabel("°C", color=TEMP)
     right = ax.twinx()
     right.plot(*_xy(r.sm_clock_mhz), color=CLOCK, lw=1.2, label="SM clock MHz")
+    if r.sm_clock_idle_mhz:
+        # An idle card sits at its floor whatever the heat: drawn faint and dotted, apart
+        # from the clock it works at, so a cut to 0 does not read as heat taking the clock.
+        right.plot(*_xy(r.sm_clock_idle_mhz), color=CLOCK, lw=1.0, ls=":", alpha=0.6,
+                   label="SM clock, card idle")  # fmt: skip
     right.set_ylabel("MHz", color=CLOCK)
     # The clock from zero: a fall reads at its true share (to half the clock, half the
     # height), and a steady clock sits near the top instead of on a steady temperature, where
     # each axis centred on its own constant drew one line over the other.
-    clocks = [v for v in r.sm_clock_mhz.values if v is not None]
+    clocks = [v for s in (r.sm_clock_mhz, r.sm_clock_idle_mhz) for v in s.values if v is not None]
     if clocks:
         right.set_ylim(0, max(clocks) * 1.15)
     lines = ax.get_legend_handles_labels()

@@ -56,7 +56,10 @@ class Report:
     ttft_p50_ms: Series = field(default_factory=Series)
     ttft_p95_ms: Series = field(default_factory=Series)
     temp_c: Series = field(default_factory=Series)
-    sm_clock_mhz: Series = field(default_factory=Series)
+    sm_clock_mhz: Series = field(default_factory=Series)  # a working card's (None where idle)
+    # The clock of samples with GpuIdle set: the card's floor, whatever the heat. Drawn apart,
+    # or the demo's hot phase with the batch cut to 0 read as heat taking the clock to 210 MHz.
+    sm_clock_idle_mhz: Series = field(default_factory=Series)
     throttled: list[Period] = field(default_factory=list)
     allowance: Series = field(default_factory=Series)
     inflight: Series = field(default_factory=Series)
@@ -280,7 +283,10 @@ def from_rows(
     report.window_label = window_label(counts, step)
     for g in gpu:
         report.temp_c.add(g["ts"], g.get("temp_c"))
-        report.sm_clock_mhz.add(g["ts"], g.get("sm_clock_mhz"))
+        clock = g.get("sm_clock_mhz")
+        idle = is_idle(g.get("throttle_reasons"))
+        report.sm_clock_mhz.add(g["ts"], None if idle else clock)
+        report.sm_clock_idle_mhz.add(g["ts"], clock if idle else None)
     report.throttled = throttled_periods(gpu)
     for p in probes:
         report.inflight.add(p["ts"], p.get("batch_inflight"))

@@ -26,8 +26,9 @@ CHART_H_PX = int(HEIGHT_IN * DPI)
 CAPTIONS = {
     "ttft": "Chat TTFT p50 and p95 per window (canary probes), the target dashed; drift "
     "events shaded orange, control actions dotted.",
-    "gpu": "GPU temperature and SM clock; periods slowed by heat (a thermal clock-event "
-    "reason set) shaded purple, periods at the power cap and not hot shaded green.",
+    "gpu": "GPU temperature and SM clock (dotted where the card was idle, at its floor "
+    "whatever the heat); periods slowed by heat (a thermal clock-event reason set) shaded "
+    "purple, periods at the power cap and not hot shaded green.",
     "batch": "The batch allowance the watchdog set and the batch requests in flight.",
     "scatter": "Each canary's TTFT against the SM clock at that moment, coloured by the batch "
     "requests in flight: heat moves points left, load moves them up and yellow.",
