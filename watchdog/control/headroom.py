@@ -249,14 +249,15 @@ def headroom_map(
         if state not in by:
             continue
         group = by[state]
-        row = decide_row(state, groups_of(group, target_ms), unit)
+        groups = groups_of(group, target_ms)
+        row = decide_row(state, groups, unit)
         temps = [o.temp_c for o in group if o.temp_c is not None]
         ratios = [o.clock_ratio for o in group if o.clock_ratio is not None]
         rows.append(
             StateRow(
                 **{
                     **asdict(row),
-                    "groups": groups_of(group, target_ms),
+                    "groups": groups,
                     "temp_c_min": min(temps) if temps else None,
                     "temp_c_max": max(temps) if temps else None,
                     "clock_ratio_min": round(min(ratios), 3) if ratios else None,

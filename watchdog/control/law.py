@@ -1015,10 +1015,11 @@ class AllowanceController:
 
     def _map_row(self, state: str) -> StateRow | None:
         """The map's row for `state`, where it is sure or fairly sure of an answer."""
-        obs = self.map_prior + [Observation(v, n, st) for _, v, n, st in self.map_samples]
-        row = next(
-            (r for r in headroom_map(obs, self.config.target_p95_ms) if r.state == state), None
-        )
+        # Each state's row is decided from its own observations alone: the others need no map.
+        obs = [o for o in self.map_prior if o.state == state] + [
+            Observation(v, n, st) for _, v, n, st in self.map_samples if st == state
+        ]
+        row = next(iter(headroom_map(obs, self.config.target_p95_ms)), None)
         if row is None or row.allowance is None or row.confidence == "not enough data":
             return None
         return row
