@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from llm_watchdog.nvml.thresholds import throttle_onset
@@ -254,15 +254,13 @@ def headroom_map(
         temps = [o.temp_c for o in group if o.temp_c is not None]
         ratios = [o.clock_ratio for o in group if o.clock_ratio is not None]
         rows.append(
-            StateRow(
-                **{
-                    **asdict(row),
-                    "groups": groups,
-                    "temp_c_min": min(temps) if temps else None,
-                    "temp_c_max": max(temps) if temps else None,
-                    "clock_ratio_min": round(min(ratios), 3) if ratios else None,
-                    "clock_ratio_max": round(max(ratios), 3) if ratios else None,
-                }
+            replace(
+                row,
+                groups=groups,
+                temp_c_min=min(temps) if temps else None,
+                temp_c_max=max(temps) if temps else None,
+                clock_ratio_min=round(min(ratios), 3) if ratios else None,
+                clock_ratio_max=round(max(ratios), 3) if ratios else None,
             )
         )
     return rows
