@@ -247,10 +247,12 @@ def _throttled(start_ts: float, end_ts: float, kind: str | None, names: set[str]
     return Period(start_ts, end_ts, f"{kind}: {','.join(sorted(names))}", kind)
 
 
-def _at(ts_sorted: list[float], rows: Sequence[dict[str, Any]], ts: float, key: str) -> Any:
-    """The value of `key` in the row nearest before or at `ts`."""
+def _row_at(
+    ts_sorted: list[float], rows: Sequence[dict[str, Any]], ts: float
+) -> dict[str, Any] | None:
+    """The row nearest before or at `ts` (None before the first)."""
     i = bisect.bisect_right(ts_sorted, ts) - 1
-    return rows[i].get(key) if i >= 0 else None
+    return rows[i] if i >= 0 else None
 
 
 def from_rows(
@@ -314,10 +316,11 @@ def from_rows(
     for p in probes:
         if not p.get("ok") or p.get("cold") or p.get("ttft_ms") is None:
             continue
-        clock = _at(gpu_ts, gpu, p["ts"], "sm_clock_mhz")
+        sample = _row_at(gpu_ts, gpu, p["ts"]) or {}
+        clock = sample.get("sm_clock_mhz")
         # A card idle before the canary reads its clock floor (210 MHz, thermal bit or not),
         # not the clock the canary ran at: such a point would put fast chat at the lowest clock.
-        if clock is not None and not is_idle(_at(gpu_ts, gpu, p["ts"], "throttle_reasons")):
+        if clock is not None and not is_idle(sample.get("throttle_reasons")):
             report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight")))
     report.headroom = list(headroom)
     if not probes:
