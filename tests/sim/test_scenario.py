@@ -28,6 +28,22 @@ def test_every_required_scenario_ships_and_loads() -> None:
         assert sc.description
 
 
+HELD_OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "heldout"
+
+
+@pytest.mark.parametrize("path", sorted(HELD_OUT.glob("*.toml")), ids=lambda p: p.stem)
+def test_the_held_out_scenarios_load_by_path_and_name_themselves(path: Path) -> None:
+    # docs/control.md gives `sim run -s tests/benchmarks/heldout/<name>.toml` commands.
+    sc = load_scenario(str(path))
+    assert sc.name == path.stem
+    assert sc.description and sc.path == path
+    assert sc.duration_s >= 3600
+
+
+def test_there_are_held_out_scenarios() -> None:
+    assert len(list(HELD_OUT.glob("*.toml"))) >= 5
+
+
 def test_a_scenario_is_found_by_path_too() -> None:
     path = bundled_dir("scenarios") / "datacenter.toml"
     assert load_scenario(str(path)).gpu.has_fan is False
