@@ -8,6 +8,7 @@ import time
 from click.testing import CliRunner
 
 from llm_watchdog.cli import cli
+from llm_watchdog.models import GpuSample
 from llm_watchdog.store.db import Store
 from tests.helpers.builders import probe_result
 from tests.helpers.history import fill_headroom_history as fill
@@ -81,3 +82,62 @@ def test_a_report_on_a_gpu_the_span_has_no_samples_of_is_a_usage_error(db_path, 
     assert "no samples of GPU 3 in this span; it has GPU 0" in out.output
     assert not (tmp_path / "r.html").exists()
     assert invoke("report", "--gpu", "0", "--out", str(tmp_path / "r.html"), env=env).exit_code == 0
+
+
+def fill_few_slow(store: Store, now: float) -> None:
+    """Six hours of probes every 10 s on a cool card, 0-6 batch in flight in turn: none slow
+    at 0-2, one in 50 at 3-4 (a pooled p95 well within the target), one in 3 above."""
+    ts, i = now - 6 * 3600.0, 0
+    while ts < now - 10:
+        inflight = i % 7
+        every = 0 if inflight <= 2 else 50 if inflight <= 4 else 3
+        slow = every and (i // 7) % every == 0
+        store.record_gpu_samples(
+            [
+                GpuSample(
+                    ts=ts - 1.0,
+                    gpu_index=0,
+                    temp_c=55.0,
+                    sm_clock_mhz=1980.0,
+                    sm_clock_max_mhz=1980.0,
+                    throttle_reasons=0,
+                    temp_slowdown_c=90.0,
+                )
+            ]
+        )
+        store.record_probe(
+            probe_result(ts=ts, ttft_ms=2600.0 if slow else 350.0, batch_inflight=inflight), None
+        )
+        ts += 10.0
+        i += 1
+
+
+def test_headroom_judged_by_the_slos_minutes_names_less_than_the_pooled_p95(db_path):
+    with Store(db_path) as store:
+        fill_few_slow(store, time.time())
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path), "LLM_WATCHDOG__CONTROL__TARGET_P95": "1s"}
+    pooled = invoke("headroom", "--since", "7h", "--json", env=env)
+    minute = invoke("headroom", "--since", "7h", "--json", "--chat-per-minute", "24", env=env)
+    assert pooled.exit_code == 0 and minute.exit_code == 0, pooled.output + minute.output
+    (p,) = map(json.loads, pooled.output.splitlines())
+    (m,) = map(json.loads, minute.output.splitlines())
+    assert (p["state"], p["allowance"], p["exceed_share"]) == ("cool", 4, 0.05)
+    assert (m["allowance"], m["confidence"]) == (2, "sure")
+    assert 0.006 < m["exceed_share"] < 0.0066
+    text = invoke("headroom", "--since", "7h", "--chat-per-minute", "24", env=env)
+    assert text.exit_code == 0, text.output
+    assert "groups: a group holds with at most 0.63% of its probes over the target" in text.output
+    assert "a minute of 24 chat answers" in text.output and "cool    2  (sure" in text.output
+    plain = invoke("headroom", "--since", "7h", env=env)
+    assert "groups: a group holds with at most 5% of its probes" in plain.output
+    assert "--chat-per-minute" in plain.output
+
+
+def test_headroom_chat_per_minute_under_one_is_a_usage_error(db_path):
+    with Store(db_path):
+        pass
+    out = invoke(
+        "headroom", "--chat-per-minute", "0", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    )
+    assert out.exit_code == 2 and "--chat-per-minute" in out.output
+    assert "Traceback" not in out.output

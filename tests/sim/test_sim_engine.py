@@ -264,3 +264,16 @@ def test_a_preempting_run_counts_only_the_batch_tokens_that_were_kept() -> None:
     assert cut.batch_tokens_per_s < kept.batch_tokens_per_s
     after = [m for m in cut.minutes if m.t_s >= cut_at + 60]
     assert after and all(m.batch_inflight == 0 and m.batch_tokens == 0 for m in after)
+
+
+def test_a_run_keeps_every_chat_answer_its_figures_count() -> None:
+    # bench_headroom_rule.py takes probes from these: the same answers as the p95 and the
+    # minutes, after the warm-up, in arrival order; the JSON of a run leaves them out.
+    sc = load_scenario("chat-burst")
+    r = run_virtual(sc, 600.0, "static:4", seed=1, warmup_s=120.0)
+    assert len(r.answers) == r.chat_requests > 50
+    arrivals = [t for t, _ in r.answers]
+    assert arrivals == sorted(arrivals) and arrivals[0] >= 120.0
+    values = sorted(ms for _, ms in r.answers)
+    assert r.chat_ttft_p95_ms == pytest.approx(values[int(0.95 * (len(values) - 1))], rel=0.1)
+    assert "answers" not in r.to_dict() and "answers" not in r.to_dict(minutes=True)

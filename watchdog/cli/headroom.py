@@ -16,10 +16,13 @@ import click
 from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, window_args
 from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.control.headroom import (
+    EXCEED_SHARE,
+    MINUTE_ATTAINMENT,
     STATE_RULE,
     StateRow,
     describe,
     headroom_map,
+    minute_share,
     observation_from,
     row_for,
     thermal_state,
@@ -58,13 +61,31 @@ class TargetMs(click.ParamType):
 
 
 def stored_map(
-    store: Store, since_ts: float, target_ms: float, until_ts: float | None = None
+    store: Store,
+    since_ts: float,
+    target_ms: float,
+    until_ts: float | None = None,
+    share: float = EXCEED_SHARE,
 ) -> list[StateRow]:
     """The headroom map of the newest fingerprint's probes from `since_ts` to `until_ts`
-    (None: now)."""
+    (None: now); a group holds with at most `share` of its probes over the target."""
     fp = store.latest_fingerprint()
     rows = probe_states(store, since_ts, fp["id"] if fp else None, until_ts)
-    return headroom_map((observation_from(r) for r in rows), target_ms)
+    return headroom_map((observation_from(r) for r in rows), target_ms, share=share)
+
+
+def group_rule(share: float, per_minute: int | None) -> str:
+    """How a group of probes is judged, in words, for the table's head."""
+    if per_minute is None:
+        return (
+            f"a group holds with at most {share:.0%} of its probes over the target (its p95 "
+            "within it, pooled; --chat-per-minute judges it as the SLO's one-minute windows)"
+        )
+    return (
+        f"a group holds with at most {share:.2%} of its probes over the target: at that share "
+        f"a minute of {per_minute} chat answers has its p95 within the target in "
+        f"{MINUTE_ATTAINMENT:.0%} of minutes"
+    )
 
 
 @overload
@@ -137,10 +158,25 @@ def status_line(
     "control.target_p95).",
 )
 @click.option("--until", default=None, help="Probes up to this time (default: now).")
+@click.option(
+    "--chat-per-minute",
+    "per_minute",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Judge each group as the SLO does, by one-minute windows of this many chat answers "
+    "(the minute's p95 within the target in 99 % of minutes) instead of by the probes' pooled "
+    "p95: with few answers a minute that asks for far fewer slow ones. The gateway counts "
+    "them: llm_watchdog_gateway_requests_total{class=\"chat\"} over an hour, over 60.",
+)
 @listing_options
 @click.pass_context
 def headroom(
-    ctx: click.Context, since: str, until: str | None, target_ms: float | None, fmt: str
+    ctx: click.Context,
+    since: str,
+    until: str | None,
+    target_ms: float | None,
+    per_minute: int | None,
+    fmt: str,
 ) -> None:
     """Per thermal state of the card: the batch concurrency that keeps chat p95 in target.
 
@@ -149,15 +185,23 @@ def headroom(
     settings = settings_from(ctx)
     now = time.time()
     since_ts, until_ts = window_args(since, until, now)
+    share = EXCEED_SHARE if per_minute is None else minute_share(per_minute)
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
         target, whose = chosen_target(store, target_ms, config_ms)
-        rows = stored_map(store, since_ts, target, until_ts)
+        rows = stored_map(store, since_ts, target, until_ts, share)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)
     if fmt != "table":
-        columns = [f.name for f in dataclasses.fields(StateRow)] + ["current", "target_ms"]
-        listed = [{**r.to_dict(), "current": r.state == state, "target_ms": target} for r in rows]
+        columns = [f.name for f in dataclasses.fields(StateRow)] + [
+            "current",
+            "target_ms",
+            "exceed_share",
+        ]
+        listed = [
+            {**r.to_dict(), "current": r.state == state, "target_ms": target, "exceed_share": share}
+            for r in rows
+        ]
         emit(listed, columns, fmt)
         return
     span = f"probes since {since}" + (f" until {until}" if until else "")
@@ -172,6 +216,7 @@ def headroom(
         click.echo(f"not enough data yet: {why}")
         return
     click.echo(f"states: {STATE_RULE}")
+    click.echo(f"groups: {group_rule(share, per_minute)}")
     click.echo("state   allowance  (confidence, probes, the bands of those probes)")
     for r in rows:
         mark = "  ← now" if r.state == state else ""

@@ -40,6 +40,7 @@ LEVELS: tuple[tuple[int, int], ...] = (
 )  # fmt: skip
 MIN_GROUP = 20  # observations a group needs before it says anything
 EXCEED_SHARE = 0.05  # p95 within target: at most this share over it
+MINUTE_ATTAINMENT = 0.99  # the SLO: chat p95 within target in this share of one-minute windows
 SURE_RISK = 0.10  # a verdict is "sure" when the other reading has under this probability
 
 
@@ -142,29 +143,58 @@ def _sf(k: int, n: int, p: float) -> float:
     return 1.0 - normal_cdf((k - 0.5 - n * p) / sd)
 
 
-def _verdict(n: int, over: int) -> tuple[str, bool]:
+def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> float:
+    """The largest share of chat answers over the target at which a minute of `per_minute`
+    answers still has its p95 within the target in `attainment` of minutes.
+
+    A minute's p95 (numpy's linear rule) lies between its answers of rank ⌊0.95·(n−1)⌋ and
+    the next, so it can be over the target once the upper of the two is: k = n − 1 − that
+    rank answers over it, at least one (a slow enough k-th pulls the interpolation over, so
+    this is a bound). The share p solves P(Binomial(n, p) ≥ k) = 1 − attainment. With ~24
+    answers a minute it is 0.6 %, far under the 5 % a pooled p95 allows: a minute of few
+    answers misses on its second-slowest.
+    """
+    if per_minute < 1:
+        raise ValueError(f"chat answers a minute must be at least 1, got {per_minute}")
+    if not 0.0 < attainment < 1.0:
+        raise ValueError(f"attainment must be in (0, 1), got {attainment}")
+    k = max(1, per_minute - 1 - math.floor(0.95 * (per_minute - 1)))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if _sf(k, per_minute, mid) <= 1.0 - attainment:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _verdict(n: int, over: int, share: float = EXCEED_SHARE) -> tuple[str, bool]:
     """holds / fails / unsure, and whether the data rule out the other reading.
 
-    Holds is sure when an exceedance of twice the allowed share would show this few overs
-    with probability under SURE_RISK; fails is sure when the allowed share would show this
-    many with probability under SURE_RISK.
+    A group holds with at most `share` of its observations over the target. Holds is sure
+    when an exceedance of twice the allowed share would show this few overs with probability
+    under SURE_RISK; fails is sure when the allowed share would show this many with
+    probability under SURE_RISK.
     """
     if n < MIN_GROUP:
         return "unsure", False
-    if over <= EXCEED_SHARE * n:
-        p_as_few = 1.0 - _sf(over + 1, n, 2 * EXCEED_SHARE)
+    if over <= share * n:
+        p_as_few = 1.0 - _sf(over + 1, n, min(1.0, 2 * share))
         return "holds", p_as_few < SURE_RISK
-    return "fails", _sf(over, n, EXCEED_SHARE) < SURE_RISK
+    return "fails", _sf(over, n, share) < SURE_RISK
 
 
-def groups_of(obs: Sequence[Observation], target_ms: float) -> tuple[Group, ...]:
+def groups_of(
+    obs: Sequence[Observation], target_ms: float, share: float = EXCEED_SHARE
+) -> tuple[Group, ...]:
     by: dict[tuple[int, int], list[float]] = {}
     for o in obs:
         by.setdefault(level_of(o.batch_inflight), []).append(o.ttft_ms)
     out = []
     for (lo, hi), values in sorted(by.items()):
         over = sum(1 for v in values if v > target_ms)
-        verdict, sure = _verdict(len(values), over)
+        verdict, sure = _verdict(len(values), over, share)
         out.append(Group(lo, hi, len(values), over, quantile(values, 0.95), verdict, sure))
     return tuple(out)
 
@@ -178,6 +208,7 @@ def decide_row(
     groups: Sequence[Group],
     unit: str = "probes",
     load: str = "with {} batch in flight",
+    share: float = EXCEED_SHARE,
 ) -> StateRow:
     """A state's answer from its groups (ascending): the top of the highest group that holds
     below the first that fails. `load` words a group's load for the settle hint."""
@@ -214,7 +245,7 @@ def decide_row(
         top = best.hi if best.hi < LEVELS[-1][1] else best.lo
         # Above it, too few to judge: one that leans to failing is what would settle it,
         # and "none above was seen failing" would not be true.
-        leaning = next((g for g in groups if g.lo > best.hi and g.over > EXCEED_SHARE * g.n), None)
+        leaning = next((g for g in groups if g.lo > best.hi and g.over > share * g.n), None)
         if leaning is not None:
             where = load.format(_span(leaning.lo, leaning.hi))
             return row(
@@ -238,9 +269,14 @@ def decide_row(
 
 
 def headroom_map(
-    obs: Iterable[Observation], target_ms: float, unit: str = "probes"
+    obs: Iterable[Observation],
+    target_ms: float,
+    unit: str = "probes",
+    share: float = EXCEED_SHARE,
 ) -> list[StateRow]:
-    """One row per state seen, coolest first."""
+    """One row per state seen, coolest first; a group holds with at most `share` of its
+    observations over the target (5 %: its p95 within it; `minute_share` for the SLO's
+    one-minute windows)."""
     by: dict[str, list[Observation]] = {}
     for o in obs:
         by.setdefault(o.state, []).append(o)
@@ -249,8 +285,8 @@ def headroom_map(
         if state not in by:
             continue
         group = by[state]
-        groups = groups_of(group, target_ms)
-        row = decide_row(state, groups, unit)
+        groups = groups_of(group, target_ms, share)
+        row = decide_row(state, groups, unit, share=share)
         temps = [o.temp_c for o in group if o.temp_c is not None]
         ratios = [o.clock_ratio for o in group if o.clock_ratio is not None]
         rows.append(

@@ -75,9 +75,12 @@ class RunResult:
     minutes: tuple[MinuteRow, ...] = field(default=(), repr=False)
     batch_preempted: int = 0  # batch requests the gateway pre-empted (their tokens not counted)
     slot_line: int | None = None  # the gateway's slot line batch was held under (None: none)
+    # Every chat answer the figures count: (arrival s, TTFT ms), in arrival order.
+    answers: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
     def to_dict(self, minutes: bool = False) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("answers")
         if not minutes:
             d.pop("minutes")
         return d
@@ -344,4 +347,5 @@ def run_virtual(
         minutes=tuple(minutes),
         batch_preempted=world.preempted,
         slot_line=world.slot_line,
+        answers=tuple(sorted(ttfts)),
     )
