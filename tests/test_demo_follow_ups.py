@@ -132,8 +132,7 @@ def test_the_demo_screen_tells_a_warning_from_its_page_and_their_resolutions_apa
     # The page's resolution gives its own words and points at the line above, not the
     # warning's resolution a second time.
     assert said[3] == (
-        "  >> RESOLVED chat_slowed: The slowdown that passed the 400 ms target has ended "
-        "(as above)"
+        "  >> RESOLVED chat_slowed: The slowdown that passed the 400 ms target has ended (as above)"
     ), said
     # The summary lists the two that fired, each with its severity.
     result = DemoResult(db_path=Path("demo.db"), alerts=sink.result.alerts)

@@ -37,8 +37,9 @@ def run(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[
 
 
 def pip(venv: Path, *args: str) -> None:
-    done = run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install",
-               "-q", *args)
+    done = run(
+        sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", *args
+    )
     if done.returncode != 0 and "No matching distribution" in done.stderr + done.stdout:
         pytest.skip(f"the package registry did not serve {args}: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr
@@ -57,8 +58,9 @@ def fresh_venv(path: Path) -> Path:
     done = run(sys.executable, "-m", "venv", "--without-pip", path)
     assert done.returncode == 0, done.stderr
     site = Path(
-        run(path / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))")
-        .stdout.strip()
+        run(
+            path / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"
+        ).stdout.strip()
     )
     # The test environment's site-packages after the new one's own: its dependencies (click,
     # httpx, ...) are found there, while what is installed here comes first.

@@ -72,8 +72,7 @@ def import_graph(src: Path) -> dict[str, set[str]]:
                     up = up[: len(up) - node.level + 1]
                     base = ".".join([*up, base] if base else up)
                 targets = [
-                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
-                    for a in node.names
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
                 ]
             for t in targets:
                 if t == NAME or t.startswith(NAME + "."):
@@ -191,7 +190,8 @@ def test_nothing_refers_to_files_outside_the_repository(folder: str) -> None:
     hits = [
         f"{p.relative_to(ROOT)}:{n}"
         for p in (ROOT / folder).rglob("*")
-        if p.is_file() and p.suffix in {".py", ".md", ".toml", ".service", ".sh", ""}
+        if p.is_file()
+        and p.suffix in {".py", ".md", ".toml", ".service", ".sh", ""}
         and p.resolve() != Path(__file__).resolve()
         for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
         if outside.search(line)

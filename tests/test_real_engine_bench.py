@@ -24,9 +24,9 @@ def bench_once(parallel: int, db) -> dict:
             cli,
             # Short batch requests: on a loaded 2-core machine some still finish within a
             # level (a level's in-flight requests are cut off at its end).
-            ["bench", "--url", server.url, "--batch-streams", "0,1", "--duration", "20s",
-             "--warmup", "2s", "--document-words", "20", "--batch-max-tokens", "4",
-             "--cold-start", "none", "--db", str(db), "--json"],  # fmt: skip
+            ["bench", "--url", server.url, "--db", str(db)]
+            + "--batch-streams 0,1 --duration 20s --warmup 2s --document-words 20".split()
+            + "--batch-max-tokens 4 --cold-start none --json".split(),
             env={},
             obj={},
         )

@@ -35,10 +35,11 @@ def test_ctrl_c_stores_what_was_measured_marked_incomplete(tmp_path):
         os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PYTHONFAULTHANDLER="1"
     )
     with StreamServer(answer="Paris", first_token_delay_s=0.01) as srv:
+        argv = [sys.executable, "-m", "llm_watchdog", "--config", os.devnull, "bench"]
+        argv += ["--url", srv.url, "--chat-set", paris_set(tmp_path), "--db", str(db)]
+        argv += "--batch-streams 0,1 --duration 10m --cold-start none".split()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llm_watchdog", "--config", os.devnull, "bench",
-             "--url", srv.url, "--chat-set", paris_set(tmp_path), "--batch-streams", "0,1",
-             "--duration", "10m", "--cold-start", "none", "--db", str(db)],  # fmt: skip
+            argv,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -79,9 +80,9 @@ def test_a_restart_command_measures_the_cold_start_apart(tmp_path):
     with StreamServer(answer="Paris") as srv:
         out = CliRunner().invoke(
             cli,
-            ["bench", "--url", srv.url, "--chat-set", paris_set(tmp_path),
-             "--batch-streams", "0", "--duration", "1s", "--db", str(tmp_path / "b.db"),
-             "--cold-start", f"touch {marker}", "--json"],  # fmt: skip
+            ["bench", "--url", srv.url, "--chat-set", paris_set(tmp_path)]
+            + ["--db", str(tmp_path / "b.db"), "--cold-start", f"touch {marker}"]
+            + "--batch-streams 0 --duration 1s --json".split(),
             env={},
             obj={},
         )
@@ -113,9 +114,9 @@ def test_auto_cold_start_unloads_an_ollama_model_with_keep_alive_zero(tmp_path):
     ) as srv:
         out = CliRunner().invoke(
             cli,
-            ["bench", "--url", srv.url, "--chat-set", paris_set(tmp_path),
-             "--batch-streams", "0", "--duration", "0.5s",
-             "--db", str(tmp_path / "b.db")],  # fmt: skip
+            ["bench", "--url", srv.url, "--chat-set", paris_set(tmp_path)]
+            + ["--db", str(tmp_path / "b.db")]
+            + "--batch-streams 0 --duration 0.5s".split(),
             env={},
             obj={},
         )

@@ -33,7 +33,7 @@ def write_config(path: Path, url: str, db: Path) -> Path:
         f'[server]\nurl = "{url}"\n'
         '[probe]\ninterval = "0.3s"\njitter = "0s"\n'
         f'[storage]\npath = "{db}"\n'
-        '[gpu]\nenabled = false\n'
+        "[gpu]\nenabled = false\n"
         '[logging]\nformat = "text"\n'
     )
     return path
@@ -95,9 +95,7 @@ def test_a_second_daemon_on_one_database_exits_1_naming_the_first(
 
 
 @pytest.mark.slow
-def test_a_database_deleted_under_the_daemon_makes_it_exit_1(
-    tmp_path: Path, db_path: Path
-) -> None:
+def test_a_database_deleted_under_the_daemon_makes_it_exit_1(tmp_path: Path, db_path: Path) -> None:
     with StreamServer(answer="Paris") as srv:
         config = write_config(tmp_path / "c.toml", srv.url, db_path)
         with daemon(config) as proc:

@@ -269,11 +269,14 @@ def test_both_units_start_as_a_fresh_uid_with_credentials_and_notify(root):
                     break
                 time.sleep(0.2)
             assert batch.get("lease_expires_at"), batch
-            assert httpx.put(
-                f"{gw_url}/control/classes/batch",
-                json={"allowance": 3},
-                headers={"Authorization": f"Bearer {token}"},
-            ).status_code == 200
+            assert (
+                httpx.put(
+                    f"{gw_url}/control/classes/batch",
+                    json={"allowance": 3},
+                    headers={"Authorization": f"Bearer {token}"},
+                ).status_code
+                == 200
+            )
             # Both ping systemd's watchdog (WATCHDOG_USEC=1 s: every 0.5 s).
             for service in (gateway, daemon):
                 service.notify.wait_for("WATCHDOG", timeout_s=10)

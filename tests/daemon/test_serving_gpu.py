@@ -87,9 +87,7 @@ def test_gpu_indices_name_the_cards_to_judge(db_path) -> None:
     nvml, _ = two_gpu_nvml(load_scenario("demo").gpu, clock, load=1.0)
     with StreamServer(answer="Paris") as srv, Store(db_path) as store:
         settings = settings_for(srv.url, db_path)
-        settings = dataclasses.replace(
-            settings, gpu=dataclasses.replace(settings.gpu, indices=[0])
-        )
+        settings = dataclasses.replace(settings, gpu=dataclasses.replace(settings.gpu, indices=[0]))
         daemon = Daemon(settings, store, nvml=nvml, clock=clock)
         daemon.startup()
         try:

@@ -43,9 +43,7 @@ class NotifySocket:
                 continue
             except OSError:
                 return
-            fields = dict(
-                line.split("=", 1) for line in data.decode().splitlines() if "=" in line
-            )
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
             with self._lock:
                 self.messages.append((time.monotonic(), fields))
 

@@ -166,7 +166,7 @@ def status_line(
     help="Judge each group as the SLO does, by one-minute windows of this many chat answers "
     "(the minute's p95 within the target in 99 % of minutes) instead of by the probes' pooled "
     "p95: with few answers a minute that asks for far fewer slow ones. The gateway counts "
-    "them: llm_watchdog_gateway_requests_total{class=\"chat\"} over an hour, over 60.",
+    'them: llm_watchdog_gateway_requests_total{class="chat"} over an hour, over 60.',
 )
 @listing_options
 @click.pass_context

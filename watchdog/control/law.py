@@ -822,8 +822,7 @@ class AllowanceController:
                 why_limit = (
                     "the ceiling frozen while the clock falls under heat"
                     if self.settled_since_s is None
-                    else f"the ceiling frozen until the clock has held for "
-                    f"{c.freeze_release_s:g} s"
+                    else f"the ceiling frozen until the clock has held for {c.freeze_release_s:g} s"
                 )
             else:
                 why_limit = (

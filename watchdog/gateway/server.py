@@ -157,7 +157,6 @@ class _Server(uvicorn.Server):
             for sig, handler in original.items():
                 signal.signal(sig, handler)
 
-
     def _handle_hup(self, signum: int, frame: object) -> None:
         self.reload_requested = True
 
@@ -195,9 +194,7 @@ def serve(
             gateway.config = new
         return None
 
-    server = _Server(
-        _uvicorn_config(app, config), started, notifier=notifier, on_reload=reloaded
-    )
+    server = _Server(_uvicorn_config(app, config), started, notifier=notifier, on_reload=reloaded)
     try:
         server.run(sockets=[sock])
     finally:

@@ -98,13 +98,10 @@ def report_html(r: Report) -> str:
     fact_html = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in r.notes)
     drift_rows = [
-        {"start": _fmt_ts(p.start_ts), "end": _fmt_ts(p.end_ts), "event": p.label}
-        for p in r.drift
+        {"start": _fmt_ts(p.start_ts), "end": _fmt_ts(p.end_ts), "event": p.label} for p in r.drift
     ]
     action_rows = [{"time": _fmt_ts(m.ts), "action": m.label} for m in r.actions]
-    headroom = (
-        "<h2>Headroom</h2>" + _table(r.headroom) if r.headroom else ""
-    )
+    headroom = "<h2>Headroom</h2>" + _table(r.headroom) if r.headroom else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>llm-watchdog report {html.escape(_fmt_ts(r.since_ts))}</title>

@@ -476,7 +476,13 @@ def sweep_rows(sc: Scenario, runs: dict[int, list[RunResult]]) -> list[StateRow]
     rows = []
     for state in STATES:
         if state in groups:
-            row = decide_row(state, groups[state], "windows", "at static allowance {}")
+            row = decide_row(
+                state,
+                groups[state],
+                "windows",
+                "at static allowance {}",
+                share=1 - SWEEP_ATTAINMENT,
+            )
             rows.append(dataclasses.replace(row, groups=tuple(groups[state])))
     return rows
 
