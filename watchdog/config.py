@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
+from llm_watchdog.control.headroom import EXCEED_SHARE, minute_share
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
 from llm_watchdog.durations import format_duration, parse_duration
@@ -206,10 +207,26 @@ class ControlSettings:
     # Sequences the engine runs at once (vLLM --max-num-seqs, llama.cpp --parallel, Ollama
     # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: detected where the engine says.
     engine_slots: int = ControlConfig.engine_slots
+    # Chat answers a minute: `headroom`, `status` and `report` then judge a group of probes as
+    # the SLO's one-minute windows of that much chat; 0: by the probes' pooled p95.
+    chat_per_minute: int = 0
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""
     haproxy_server: str = ""
     command: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.chat_per_minute < 0:
+            raise ValueError(
+                f"chat_per_minute must be 0 (judge by the pooled p95) or a count of chat "
+                f"answers a minute, got {self.chat_per_minute}"
+            )
+
+    def headroom_share(self) -> float:
+        """The share of probes over the target a headroom group may hold (headroom.py)."""
+        if self.chat_per_minute == 0:
+            return EXCEED_SHARE
+        return minute_share(self.chat_per_minute)
 
 
 @dataclass(frozen=True)

@@ -133,11 +133,39 @@ def test_headroom_judged_by_the_slos_minutes_names_less_than_the_pooled_p95(db_p
     assert "--chat-per-minute" in plain.output
 
 
-def test_headroom_chat_per_minute_under_one_is_a_usage_error(db_path):
+def test_headroom_chat_per_minute_under_zero_is_a_usage_error(db_path):
     with Store(db_path):
         pass
     out = invoke(
-        "headroom", "--chat-per-minute", "0", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+        "headroom", "--chat-per-minute", "-1", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
     )
     assert out.exit_code == 2 and "--chat-per-minute" in out.output
     assert "Traceback" not in out.output
+
+
+def test_the_configs_chat_per_minute_rules_headroom_status_and_the_report(db_path, tmp_path):
+    with Store(db_path) as store:
+        fill_few_slow(store, time.time())
+    env = {
+        "LLM_WATCHDOG__STORAGE__PATH": str(db_path),
+        "LLM_WATCHDOG__CONTROL__TARGET_P95": "1s",
+        "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "24",
+    }
+    (row,) = map(
+        json.loads, invoke("headroom", "--since", "7h", "--json", env=env).output.splitlines()
+    )
+    assert row["allowance"] == 2 and row["exceed_share"] < 0.01
+    # --chat-per-minute 0 asks for the pooled p95 whatever the config says.
+    out = invoke("headroom", "--since", "7h", "--json", "--chat-per-minute", "0", env=env)
+    (pooled,) = map(json.loads, out.output.splitlines())
+    assert pooled["allowance"] == 4 and pooled["exceed_share"] == 0.05
+    status = invoke("status", env=env)
+    assert status.exit_code == 0 and "headroom     cool    2  (sure" in status.output
+    page = tmp_path / "r.html"
+    rep = invoke("report", "--since", "7h", "--out", str(page), env=env)
+    assert rep.exit_code == 0, rep.output
+    assert "<h2>Headroom</h2>" in page.read_text()
+    assert "<td>2</td>" in page.read_text() and "<td>4</td>" not in page.read_text()
+    bad = invoke("headroom", env={**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "-3"})
+    assert bad.exit_code != 0 and "chat_per_minute must be 0" in bad.output
+    assert "Traceback" not in bad.output

@@ -125,14 +125,18 @@ def current_state(store: Store) -> str | None:
 
 
 def status_line(
-    store: Store, config_ms: float, now_ts: float, given_ms: float | None = None
+    store: Store,
+    config_ms: float,
+    now_ts: float,
+    given_ms: float | None = None,
+    share: float = EXCEED_SHARE,
 ) -> tuple[str, dict[str, Any]]:
     """The `status` row: the current state's headroom over the last 7 days, and the target
-    it was judged against (`chosen_target`)."""
+    it was judged against (`chosen_target`); a group holds with at most `share` over it."""
     since = now_ts - 7 * 86400.0
     target_ms, whose = chosen_target(store, given_ms, config_ms)
     state = current_state(store) or "no-gpu"
-    row = row_for(stored_map(store, since, target_ms), state)
+    row = row_for(stored_map(store, since, target_ms, share=share), state)
     against = f"; against the {human_ms(target_ms)} target ({whose})"
     about = {"state": state, "target_ms": target_ms, "target_from": whose}
     if row is None:
@@ -161,12 +165,13 @@ def status_line(
 @click.option(
     "--chat-per-minute",
     "per_minute",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=0),
     default=None,
     help="Judge each group as the SLO does, by one-minute windows of this many chat answers "
     "(the minute's p95 within the target in 99 % of minutes) instead of by the probes' pooled "
     "p95: with few answers a minute that asks for far fewer slow ones. The gateway counts "
-    'them: llm_watchdog_gateway_requests_total{class="chat"} over an hour, over 60.',
+    'them: llm_watchdog_gateway_requests_total{class="chat"} over an hour, over 60. '
+    "0: the pooled p95. Default: control.chat_per_minute.",
 )
 @listing_options
 @click.pass_context
@@ -185,7 +190,9 @@ def headroom(
     settings = settings_from(ctx)
     now = time.time()
     since_ts, until_ts = window_args(since, until, now)
-    share = EXCEED_SHARE if per_minute is None else minute_share(per_minute)
+    if per_minute is None:
+        per_minute = settings.control.chat_per_minute
+    share = EXCEED_SHARE if per_minute == 0 else minute_share(per_minute)
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
         target, whose = chosen_target(store, target_ms, config_ms)
@@ -216,7 +223,7 @@ def headroom(
         click.echo(f"not enough data yet: {why}")
         return
     click.echo(f"states: {STATE_RULE}")
-    click.echo(f"groups: {group_rule(share, per_minute)}")
+    click.echo(f"groups: {group_rule(share, per_minute or None)}")
     click.echo("state   allowance  (confidence, probes, the bands of those probes)")
     for r in rows:
         mark = "  ← now" if r.state == state else ""

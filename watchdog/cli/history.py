@@ -62,7 +62,11 @@ def status(ctx: click.Context, target_ms: float | None, as_json: bool) -> None:
         baseline = stored.to_dict() if stored else None
         open_events = [e for e in events(store) if e["end_ts"] is None]
         room_line, room = status_line(
-            store, settings.control.target_p95_s * 1000.0, now, given_ms=target_ms
+            store,
+            settings.control.target_p95_s * 1000.0,
+            now,
+            given_ms=target_ms,
+            share=settings.control.headroom_share(),
         )
         control = control_state(store)
     data = {

@@ -12,6 +12,7 @@ from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_
 from llm_watchdog.cli.headroom import TargetMs, chosen_target, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
+from llm_watchdog.control.headroom import EXCEED_SHARE
 from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
@@ -109,13 +110,22 @@ def _config_target_ms(ctx: click.Context) -> float | None:
 HEADROOM_COLUMNS = ("state", "allowance", "bound", "confidence", "n", "unit", "settle")
 
 
+def _headroom_share(ctx: click.Context) -> float:
+    """The config's rule for a headroom group (`control.chat_per_minute`); the pooled p95
+    where no config loads."""
+    try:
+        return settings_from(ctx).control.headroom_share()
+    except click.ClickException:
+        return EXCEED_SHARE
+
+
 def _headroom(
-    store: Store, since_ts: float, until_ts: float, target_ms: float | None
+    store: Store, since_ts: float, until_ts: float, target_ms: float | None, share: float
 ) -> list[dict[str, Any]]:
     """The headroom map over the span's probes, as `llm-watchdog headroom` prints it."""
     if target_ms is None:
         return []
-    rows = stored_map(store, since_ts, target_ms, until_ts)
+    rows = stored_map(store, since_ts, target_ms, until_ts, share)
     return [{k: r.to_dict()[k] for k in HEADROOM_COLUMNS} for r in rows]
 
 
@@ -160,7 +170,7 @@ def _from_store(
             gpu=gpu,
             actions=control_actions(store, since_ts, until_ts),
             events=events(store, since_ts, until_ts),
-            headroom=_headroom(store, since_ts, until_ts, target_ms),
+            headroom=_headroom(store, since_ts, until_ts, target_ms, _headroom_share(ctx)),
             target_p95_ms=target_ms,
             gpu_index=gpu_index,
         )
