@@ -149,8 +149,8 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
 
     A minute's p95 (numpy's linear rule) lies between its answers of rank ⌊0.95·(n−1)⌋ and
     the next, so it can be over the target once the upper of the two is: k = n − 1 − that
-    rank answers over it, at least one (a slow enough k-th pulls the interpolation over, so
-    this is a bound). The share p solves P(Binomial(n, p) ≥ k) = 1 − attainment. With ~24
+    rank answers over it (n − that rank where the p95 falls on the answer itself; a slow
+    enough k-th pulls the interpolation over, so this is a bound). The share p solves P(Binomial(n, p) ≥ k) = 1 − attainment. With ~24
     answers a minute it is 0.6 %, far under the 5 % a pooled p95 allows: a minute of few
     answers misses on its second-slowest.
     """
@@ -158,7 +158,9 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
         raise ValueError(f"chat answers a minute must be at least 1, got {per_minute}")
     if not 0.0 < attainment < 1.0:
         raise ValueError(f"attainment must be in (0, 1), got {attainment}")
-    k = max(1, per_minute - 1 - math.floor(0.95 * (per_minute - 1)))
+    pos = 0.95 * (per_minute - 1)
+    # Where the rank falls on an answer (pos whole), the one after it does not count.
+    k = per_minute - math.floor(pos) - (1 if pos > math.floor(pos) else 0)
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2.0
