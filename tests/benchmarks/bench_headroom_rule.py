@@ -81,7 +81,7 @@ def main() -> None:
         ("pooled p95", EXCEED_SHARE),
         (f"--chat-per-minute {per_minute}", minute_share(per_minute)),
     ):
-        print(f"{label} (a group holds with at most {share:.2%} over the target):")
+        print(f"{label} (a group holds with at most {share * 100:.2f} % over the target):")
         for row in headroom_map(obs, target, share=share):
             print("  " + describe(row))
             for g in row.groups:

@@ -126,10 +126,10 @@ def test_headroom_judged_by_the_slos_minutes_names_less_than_the_pooled_p95(db_p
     assert 0.006 < m["exceed_share"] < 0.0066
     text = invoke("headroom", "--since", "7h", "--chat-per-minute", "24", env=env)
     assert text.exit_code == 0, text.output
-    assert "groups: a group holds with at most 0.63% of its probes over the target" in text.output
+    assert "groups: a group holds with at most 0.63 % of its probes over the target" in text.output
     assert "a minute of 24 chat answers" in text.output and "cool    2  (sure" in text.output
     plain = invoke("headroom", "--since", "7h", env=env)
-    assert "groups: a group holds with at most 5% of its probes" in plain.output
+    assert "groups: a group holds with at most 5 % of its probes" in plain.output
     assert "--chat-per-minute" in plain.output
 
 
@@ -166,6 +166,16 @@ def test_the_configs_chat_per_minute_rules_headroom_status_and_the_report(db_pat
     assert rep.exit_code == 0, rep.output
     assert "<h2>Headroom</h2>" in page.read_text()
     assert "<td>2</td>" in page.read_text() and "<td>4</td>" not in page.read_text()
+    assert "in 99 % of one-minute windows of 24 answers" in page.read_text()
+    png = tmp_path / "r.png"
+    assert invoke("report", "--since", "7h", "--out", str(png), env=env).exit_code == 0
+    pooled_page = tmp_path / "pooled.html"
+    pooled_env = {**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "0"}
+    assert (
+        invoke("report", "--since", "7h", "--out", str(pooled_page), env=pooled_env).exit_code == 0
+    )
+    assert "pooled over the probes" in pooled_page.read_text()
+    assert "<td>4</td>" in pooled_page.read_text()
     bad = invoke("headroom", env={**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "-3"})
     assert bad.exit_code != 0 and "chat_per_minute must be 0" in bad.output
     assert "Traceback" not in bad.output

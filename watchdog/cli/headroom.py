@@ -78,13 +78,14 @@ def group_rule(share: float, per_minute: int | None) -> str:
     """How a group of probes is judged, in words, for the table's head."""
     if per_minute is None:
         return (
-            f"a group holds with at most {share:.0%} of its probes over the target (its p95 "
-            "within it, pooled; --chat-per-minute judges it as the SLO's one-minute windows)"
+            f"a group holds with at most {share * 100:.0f} % of its probes over the target "
+            "(its p95 within it, pooled; --chat-per-minute judges it as the SLO's one-minute "
+            "windows)"
         )
     return (
-        f"a group holds with at most {share:.2%} of its probes over the target: at that share "
-        f"a minute of {per_minute} chat answers has its p95 within the target in "
-        f"{MINUTE_ATTAINMENT:.0%} of minutes"
+        f"a group holds with at most {share * 100:.2f} % of its probes over the target: at "
+        f"that share a minute of {per_minute} chat answers has its p95 within the target in "
+        f"{MINUTE_ATTAINMENT * 100:.0f} % of minutes"
     )
 
 

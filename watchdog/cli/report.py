@@ -12,7 +12,7 @@ from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_
 from llm_watchdog.cli.headroom import TargetMs, chosen_target, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
-from llm_watchdog.control.headroom import EXCEED_SHARE
+from llm_watchdog.control.headroom import EXCEED_SHARE, minute_share, rule_words
 from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
@@ -110,13 +110,13 @@ def _config_target_ms(ctx: click.Context) -> float | None:
 HEADROOM_COLUMNS = ("state", "allowance", "bound", "confidence", "n", "unit", "settle")
 
 
-def _headroom_share(ctx: click.Context) -> float:
-    """The config's rule for a headroom group (`control.chat_per_minute`); the pooled p95
+def _chat_per_minute(ctx: click.Context) -> int:
+    """The config's rule for a headroom group (`control.chat_per_minute`); 0, the pooled p95,
     where no config loads."""
     try:
-        return settings_from(ctx).control.headroom_share()
+        return settings_from(ctx).control.chat_per_minute
     except click.ClickException:
-        return EXCEED_SHARE
+        return 0
 
 
 def _headroom(
@@ -150,6 +150,8 @@ def _from_store(
         settings = settings_from(ctx)
         store = open_store(settings)
         source = f"database {settings.storage.path}"
+    per_minute = _chat_per_minute(ctx)
+    share = EXCEED_SHARE if per_minute == 0 else minute_share(per_minute)
     with store:
         # Without --target, the target the daemon steered by (`chosen_target`): a demo's or
         # another box's database is judged by its own promise, not this config's.
@@ -170,7 +172,8 @@ def _from_store(
             gpu=gpu,
             actions=control_actions(store, since_ts, until_ts),
             events=events(store, since_ts, until_ts),
-            headroom=_headroom(store, since_ts, until_ts, target_ms, _headroom_share(ctx)),
+            headroom=_headroom(store, since_ts, until_ts, target_ms, share),
+            headroom_rule=rule_words(per_minute),
             target_p95_ms=target_ms,
             gpu_index=gpu_index,
         )

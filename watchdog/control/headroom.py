@@ -150,9 +150,9 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
     A minute's p95 (numpy's linear rule) lies between its answers of rank ⌊0.95·(n−1)⌋ and
     the next, so it can be over the target once the upper of the two is: k = n − 1 − that
     rank answers over it (n − that rank where the p95 falls on the answer itself; a slow
-    enough k-th pulls the interpolation over, so this is a bound). The share p solves P(Binomial(n, p) ≥ k) = 1 − attainment. With ~24
-    answers a minute it is 0.6 %, far under the 5 % a pooled p95 allows: a minute of few
-    answers misses on its second-slowest.
+    enough k-th pulls the interpolation over, so this is a bound). The share p solves
+    P(Binomial(n, p) ≥ k) = 1 − attainment. With ~24 answers a minute it is 0.6 %, far under
+    the 5 % a pooled p95 allows: a minute of few answers misses on its second-slowest.
     """
     if per_minute < 1:
         raise ValueError(f"chat answers a minute must be at least 1, got {per_minute}")
@@ -169,6 +169,16 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
         else:
             hi = mid
     return lo
+
+
+def rule_words(per_minute: int) -> str:
+    """What "chat holds" means for a map judged with `per_minute` (0: the pooled p95)."""
+    if per_minute == 0:
+        return "chat's p95 within the target, pooled over the probes"
+    return (
+        f"chat's p95 within the target in {MINUTE_ATTAINMENT * 100:.0f} % of one-minute windows of "
+        f"{per_minute} answers"
+    )
 
 
 def _verdict(n: int, over: int, share: float = EXCEED_SHARE) -> tuple[str, bool]:

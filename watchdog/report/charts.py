@@ -272,7 +272,8 @@ def report_figure(r: Report) -> Figure:
     # The page's header facts and its headroom table, as lines: the picture has no page.
     said = [" · ".join(f"{k} {v}" for k, v in r.facts())]
     if r.headroom:
-        said.append("headroom (batch in flight chat holds at): " + headroom_text(r.headroom))
+        holds = f"that keeps {r.headroom_rule}" if r.headroom_rule else "chat holds at"
+        said.append(f"headroom (batch in flight {holds}): " + headroom_text(r.headroom))
     said += r.notes
     notes = [line for note in said for line in textwrap.wrap(note, NOTE_CHARS)]
     height = HEIGHT_IN * len(charts) + 0.5 + NOTE_LINE_IN * len(notes)

@@ -69,6 +69,7 @@ class Report:
     # (SM clock MHz, TTFT ms, batch in flight: None where nothing counted it, no gateway)
     scatter: list[tuple[float, float, float | None]] = field(default_factory=list)
     headroom: list[dict[str, Any]] = field(default_factory=list)
+    headroom_rule: str = ""  # what "chat holds" means in the headroom rows (rule_words)
     notes: list[str] = field(default_factory=list)
     # Canaries and no GPU telemetry at all: a daemon without NVML, or without an NVIDIA GPU.
     # The GPU charts are left out and NO_GPU_NOTE says why. A span with neither is a daemon
@@ -267,6 +268,7 @@ def from_rows(
     headroom: Sequence[dict[str, Any]] = (),
     target_p95_ms: float | None = None,
     gpu_index: int | None = None,
+    headroom_rule: str = "",
 ) -> Report:
     """A report from the daemon's own rows (one GPU: the first, or `gpu_index`).
 
@@ -323,6 +325,7 @@ def from_rows(
         if clock is not None and not is_idle(sample.get("throttle_reasons")):
             report.scatter.append((clock, p["ttft_ms"], p.get("batch_inflight")))
     report.headroom = list(headroom)
+    report.headroom_rule = headroom_rule
     if not probes:
         report.notes.append("No canary probes in this span: is the daemon running?")
     if probes and not gpu:

@@ -101,7 +101,12 @@ def report_html(r: Report) -> str:
         {"start": _fmt_ts(p.start_ts), "end": _fmt_ts(p.end_ts), "event": p.label} for p in r.drift
     ]
     action_rows = [{"time": _fmt_ts(m.ts), "action": m.label} for m in r.actions]
-    headroom = "<h2>Headroom</h2>" + _table(r.headroom) if r.headroom else ""
+    rule = (
+        f"<p>batch in flight that keeps {html.escape(r.headroom_rule)}</p>"
+        if r.headroom_rule
+        else ""
+    )
+    headroom = "<h2>Headroom</h2>" + rule + _table(r.headroom) if r.headroom else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>llm-watchdog report {html.escape(_fmt_ts(r.since_ts))}</title>
