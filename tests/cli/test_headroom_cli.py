@@ -179,3 +179,50 @@ def test_the_configs_chat_per_minute_rules_headroom_status_and_the_report(db_pat
     bad = invoke("headroom", env={**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "-3"})
     assert bad.exit_code != 0 and "chat_per_minute must be 0" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_headroom_says_how_much_chat_the_gateway_counted_and_the_rule_for_it(db_path):
+    from llm_watchdog.control.law import ControlAction
+    from llm_watchdog.store.control import action_row, record_action
+
+    now = time.time()
+    with Store(db_path) as store:
+        fill_few_slow(store, now)
+        # Decisions a minute apart: the usual rate climbs to 0.4 a second and stays; one
+        # from a daemon without the gateway's count (None) says nothing.
+        for i, rate in enumerate([0.1, 0.4, 0.4, 0.4, 0.41, None]):
+            inputs = {"target_p95_ms": 1000.0, "chat_usual_per_s": rate}
+            action = ControlAction(now - 600 + 60 * i, 4, 4, "hold 4", inputs)
+            record_action(store, action_row(action, ts=now - 600 + 60 * i))
+    env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    text = invoke("headroom", "--since", "7h", env=env)
+    assert text.exit_code == 0, text.output
+    assert "chat: about 24 answers a minute over this span (the gateway's count)" in text.output
+    assert "allow 0.63 % over the target" in text.output
+    assert "--chat-per-minute 24" in text.output
+    (row,) = map(
+        json.loads, invoke("headroom", "--since", "7h", "--json", env=env).output.splitlines()
+    )
+    assert row["chat_per_minute_seen"] == 24
+    # Judged by minutes already: no advice to do so.
+    judged = invoke("headroom", "--since", "7h", "--chat-per-minute", "24", env=env)
+    assert "chat: about" not in judged.output and "cool    2  (sure" in judged.output
+    # A span with no counted decision: no line, and null in JSON.
+    early = invoke("headroom", "--since", "7h", "--until", "20m", "--json", env=env)
+    (old,) = map(json.loads, early.output.splitlines())
+    assert old["chat_per_minute_seen"] is None
+
+
+def test_the_law_records_the_usual_chat_rate_only_where_chat_is_counted():
+    from llm_watchdog.control.law import AllowanceController, ControlConfig, ControlInput
+
+    def last_inputs(arrivals):
+        law = AllowanceController(ControlConfig(target_p95_ms=1000.0))
+        for t in range(120):
+            action = law.step(
+                ControlInput(now_s=float(t), chat_ttfts_ms=(300.0,), chat_arrivals=arrivals)
+            )
+        return action.inputs
+
+    assert last_inputs(1)["chat_usual_per_s"] == 1.0
+    assert last_inputs(None)["chat_usual_per_s"] is None

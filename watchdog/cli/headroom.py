@@ -8,6 +8,7 @@ the state the card is in now.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any, overload
 
@@ -30,7 +31,7 @@ from llm_watchdog.control.headroom import (
 from llm_watchdog.durations import human_ms, parse_duration
 from llm_watchdog.store.control import steered_target_ms
 from llm_watchdog.store.db import Store
-from llm_watchdog.store.headroom import probe_states, probes_without_load
+from llm_watchdog.store.headroom import chat_rates_seen, probe_states, probes_without_load
 
 DEFAULT_SINCE = "7d"
 
@@ -72,6 +73,17 @@ def stored_map(
     fp = store.latest_fingerprint()
     rows = probe_states(store, since_ts, fp["id"] if fp else None, until_ts)
     return headroom_map((observation_from(r) for r in rows), target_ms, share=share)
+
+
+def chat_per_minute_seen(
+    store: Store, since_ts: float, until_ts: float | None = None
+) -> int | None:
+    """Chat answers a minute over the span, from the usual rate the control loop recorded
+    where the gateway counted chat (the median of its decisions'); None where none did."""
+    rates = chat_rates_seen(store, since_ts, until_ts)
+    if not rates:
+        return None
+    return max(1, round(statistics.median(rates) * 60.0))
 
 
 def group_rule(share: float, per_minute: int | None) -> str:
@@ -200,16 +212,16 @@ def headroom(
         rows = stored_map(store, since_ts, target, until_ts, share)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)
+        seen = chat_per_minute_seen(store, since_ts, until_ts)
     if fmt != "table":
         columns = [f.name for f in dataclasses.fields(StateRow)] + [
             "current",
             "target_ms",
             "exceed_share",
+            "chat_per_minute_seen",
         ]
-        listed = [
-            {**r.to_dict(), "current": r.state == state, "target_ms": target, "exceed_share": share}
-            for r in rows
-        ]
+        extra = {"target_ms": target, "exceed_share": share, "chat_per_minute_seen": seen}
+        listed = [{**r.to_dict(), "current": r.state == state, **extra} for r in rows]
         emit(listed, columns, fmt)
         return
     span = f"probes since {since}" + (f" until {until}" if until else "")
@@ -225,6 +237,13 @@ def headroom(
         return
     click.echo(f"states: {STATE_RULE}")
     click.echo(f"groups: {group_rule(share, per_minute or None)}")
+    if seen is not None and per_minute == 0:
+        click.echo(
+            f"chat: about {seen} answers a minute over this span (the gateway's count); the "
+            f"SLO's one-minute windows of that much chat allow {minute_share(seen) * 100:.2f} % "
+            f"over the target, not 5 %: --chat-per-minute {seen} (or control.chat_per_minute) "
+            "judges by them"
+        )
     click.echo("state   allowance  (confidence, probes, the bands of those probes)")
     for r in rows:
         mark = "  ← now" if r.state == state else ""

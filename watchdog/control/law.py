@@ -1096,6 +1096,13 @@ class AllowanceController:
             "surge_cap": self.surge_cap,
             "batch_inflight": inp.batch_inflight,
             "chat_arrivals": inp.chat_arrivals,
+            # The usual chat rate the surge test compares with, where the serving layer
+            # counts chat (canaries alone are not the chat a minute's p95 is judged on).
+            "chat_usual_per_s": (
+                None
+                if inp.chat_arrivals is None or self.surge.usual.rate is None
+                else round(self.surge.usual.rate, 4)
+            ),
             "chat_inflight": inp.chat_inflight,
             "chat_usual_inflight": None if self.chat_usual is None else round(self.chat_usual, 2),
             "allowance_read_back": inp.allowance,

@@ -50,6 +50,17 @@ def probe_states(
     return store.rows(_SQL.format(fingerprint=where), params)
 
 
+def chat_rates_seen(store: Store, since_ts: float, until_ts: float | None = None) -> list[float]:
+    """The usual chat rates (answers a second) the control loop recorded from `since_ts` to
+    `until_ts`, one per stored decision that has one (the gateway counted chat)."""
+    rows = store.rows(
+        "SELECT json_extract(inputs, '$.chat_usual_per_s') AS r FROM control_actions "
+        "WHERE ts >= ? AND ts < ? AND json_extract(inputs, '$.chat_usual_per_s') IS NOT NULL",
+        (since_ts, until_ts if until_ts is not None else float("inf")),
+    )
+    return [float(r["r"]) for r in rows]
+
+
 def probes_without_load(store: Store, since_ts: float) -> int:
     """Warm successful probes since `since_ts` that carry no batch in-flight count (sent
     without the control loop): why a map can be empty."""
