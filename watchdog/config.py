@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
-from llm_watchdog.control.headroom import EXCEED_SHARE, minute_share
+from llm_watchdog.control.headroom import share_for
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
 from llm_watchdog.durations import format_duration, parse_duration
@@ -224,9 +224,7 @@ class ControlSettings:
 
     def headroom_share(self) -> float:
         """The share of probes over the target a headroom group may hold (headroom.py)."""
-        if self.chat_per_minute == 0:
-            return EXCEED_SHARE
-        return minute_share(self.chat_per_minute)
+        return share_for(self.chat_per_minute)
 
 
 @dataclass(frozen=True)

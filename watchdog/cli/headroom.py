@@ -26,6 +26,7 @@ from llm_watchdog.control.headroom import (
     minute_share,
     observation_from,
     row_for,
+    share_for,
     thermal_state,
 )
 from llm_watchdog.durations import human_ms, parse_duration
@@ -205,7 +206,7 @@ def headroom(
     since_ts, until_ts = window_args(since, until, now)
     if per_minute is None:
         per_minute = settings.control.chat_per_minute
-    share = EXCEED_SHARE if per_minute == 0 else minute_share(per_minute)
+    share = share_for(per_minute)
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
         target, whose = chosen_target(store, target_ms, config_ms)

@@ -12,7 +12,7 @@ from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_
 from llm_watchdog.cli.headroom import TargetMs, chosen_target, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
-from llm_watchdog.control.headroom import EXCEED_SHARE, minute_share, rule_words
+from llm_watchdog.control.headroom import rule_words, share_for
 from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
@@ -151,7 +151,7 @@ def _from_store(
         store = open_store(settings)
         source = f"database {settings.storage.path}"
     per_minute = _chat_per_minute(ctx)
-    share = EXCEED_SHARE if per_minute == 0 else minute_share(per_minute)
+    share = share_for(per_minute)
     with store:
         # Without --target, the target the daemon steered by (`chosen_target`): a demo's or
         # another box's database is judged by its own promise, not this config's.

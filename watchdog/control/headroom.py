@@ -171,6 +171,12 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
     return lo
 
 
+def share_for(per_minute: int) -> float:
+    """The share a group may hold over the target: `minute_share(per_minute)`, or the pooled
+    p95's EXCEED_SHARE for 0 (`control.chat_per_minute`'s default)."""
+    return EXCEED_SHARE if per_minute == 0 else minute_share(per_minute)
+
+
 def rule_words(per_minute: int) -> str:
     """What "chat holds" means for a map judged with `per_minute` (0: the pooled p95)."""
     if per_minute == 0:
