@@ -79,7 +79,8 @@ class RunResult:
     answers: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
     def to_dict(self, minutes: bool = False) -> dict[str, Any]:
-        d = asdict(self)
+        # The answers are for callers in Python (thousands of pairs), not for the JSON.
+        d = asdict(dataclasses.replace(self, answers=()))
         d.pop("answers")
         if not minutes:
             d.pop("minutes")
