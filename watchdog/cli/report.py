@@ -82,7 +82,8 @@ def report(
         except PrometheusError as exc:
             raise Fail(str(exc)) from None
     else:
-        rep = _from_store(ctx, db, since_ts, until_ts, gpu_index, given_ms, config_ms)
+        per_minute = _chat_per_minute(ctx)
+        rep = _from_store(ctx, db, since_ts, until_ts, gpu_index, given_ms, config_ms, per_minute)
     # Here, not at the top: matplotlib is loaded only by the command that draws.
     from llm_watchdog.report.charts import report_png
     from llm_watchdog.report.page import report_html
@@ -137,7 +138,10 @@ def _from_store(
     gpu_index: int | None,
     given_ms: float | None,
     config_ms: float | None,
+    per_minute: int = 0,
 ) -> Report:
+    """The report of a span of the daemon's database (`db`, else the config's); its headroom
+    table judged with `per_minute` chat answers a minute (`control.chat_per_minute`)."""
     if db is not None:
         if not Path(db).exists():
             raise Fail(f"no database at {db}: give the daemon's database file")
@@ -150,7 +154,6 @@ def _from_store(
         settings = settings_from(ctx)
         store = open_store(settings)
         source = f"database {settings.storage.path}"
-    per_minute = _chat_per_minute(ctx)
     share = share_for(per_minute)
     with store:
         # Without --target, the target the daemon steered by (`chosen_target`): a demo's or
