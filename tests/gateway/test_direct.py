@@ -280,11 +280,15 @@ def test_a_client_that_stops_reading_loses_its_place_and_its_engine_connection(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llm_watchdog.gateway")
     gw = make_gateway(batch_default_allowance=2, client_stall_timeout_s=0.5, max_queue_wait_s=1.0)
-    batch = {"X-Traffic-Class": "batch", **BIG_STREAM}
+    # 64 MiB an answer: more than the kernel can hold between the engine and the gateway
+    # (a send buffer of up to tcp_wmem's 4 MiB, a receive buffer autotuned up to tcp_rmem's
+    # 32 MiB here), so the engine is still writing when the gateway ends the stream. At
+    # 16 MiB both answers fitted in the buffers once, and the engine finished them.
+    batch = {"X-Traffic-Class": "batch", **BIG_STREAM, "X-Test-Pad-Bytes": str(64 * 1024)}
     stalled = [tiny_reader(gw), tiny_reader(gw)]
     try:
         for sock in stalled:
-            sock.sendall(post(CHAT_URL, chat_body(max_tokens=1000), batch))  # 16 MiB
+            sock.sendall(post(CHAT_URL, chat_body(max_tokens=1000), batch))
         wait_for(lambda: engine.count(path=CHAT_URL) == 2, what="both streams at the engine")
         assert batch_state(http, gw)["inflight"] == 2
         # Backpressure holds the engine back and no upstream timeout fires; the stall
