@@ -31,8 +31,9 @@ from llm_watchdog.control.headroom import (  # noqa: E402
     describe,
     headroom_map,
     minute_share,
-    thermal_state,
 )
+from llm_watchdog.nvml.throttle import GPU_IDLE  # noqa: E402
+from llm_watchdog.sim.cli import window_state  # noqa: E402
 from llm_watchdog.sim.scenario import load_scenario  # noqa: E402
 from llm_watchdog.sim.virtual import WINDOW_S, run_virtual  # noqa: E402
 
@@ -62,15 +63,9 @@ def main() -> None:
             starts = [m.t_s for m in r.minutes]
             for arrival_s, ttft_ms in r.answers[:: args.every]:
                 m = r.minutes[max(0, bisect.bisect_right(starts, arrival_s) - 1)]
-                state = thermal_state(
-                    sm_clock_mhz=m.sm_clock_mhz,
-                    sm_clock_max_mhz=gpu.sm_clock_max_mhz,
-                    temp_c=m.temp_c,
-                    temp_slowdown_c=gpu.temp_slowdown_c,
-                    reasons=m.reasons,
-                )
-                ratio = clock_ratio(m.sm_clock_mhz, gpu.sm_clock_max_mhz, m.reasons)
-                obs.append(Observation(ttft_ms, level, state, m.temp_c, ratio))
+                # As `sim sweep` reads a window: its clock is the one a kernel got.
+                ratio = clock_ratio(m.sm_clock_mhz, gpu.sm_clock_max_mhz, m.reasons & ~GPU_IDLE)
+                obs.append(Observation(ttft_ms, level, window_state(m, scen), m.temp_c, ratio))
             met = (r.slo_attainment or 0.0) * 100.0
             p95 = r.chat_ttft_p95_ms or 0.0
             print(
