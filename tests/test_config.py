@@ -271,3 +271,17 @@ def test_a_seed_an_engine_would_refuse_is_a_config_error(seed):
         settings_from_dict({"probe": {"seed": seed}}, "t.toml")
     assert settings_from_dict({"probe": {"seed": 0}}, "t.toml").probe.seed == 0
     assert settings_from_dict({"probe": {"seed": 2**32 - 1}}, "t.toml").probe.seed == 2**32 - 1
+
+
+def test_chat_per_minute_takes_auto_zero_or_a_count_and_nothing_else(tmp_path):
+    from llm_watchdog.config import ConfigError, ControlSettings, load_settings
+
+    assert ControlSettings().chat_per_minute == "auto"
+    for text, want in (('"auto"', "auto"), ("0", 0), ("24", 24)):
+        path = tmp_path / "c.toml"
+        path.write_text(f"[control]\nchat_per_minute = {text}\n")
+        assert load_settings(str(path), env={}).control.chat_per_minute == want
+    for text in ('"24"', "-1", "true", "2.5", '"lots"'):
+        path.write_text(f"[control]\nchat_per_minute = {text}\n")
+        with pytest.raises(ConfigError, match=r"\[control\] chat_per_minute"):
+            load_settings(str(path), env={})

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from llm_watchdog import credentials
 from llm_watchdog.alerts.config import AlertConfigError, alert_config_from_dict
-from llm_watchdog.control.headroom import share_for
+from llm_watchdog.control.headroom import AUTO
 from llm_watchdog.control.law import ControlConfig
 from llm_watchdog.drift import DriftConfig
 from llm_watchdog.durations import format_duration, parse_duration
@@ -180,6 +180,16 @@ class DriftSettings:
     quality_window: int = 30
 
 
+def check_chat_per_minute(value: int | str) -> int | str:
+    """The setting "auto", 0 or a count of chat answers a minute; a ValueError otherwise."""
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(
+        f'expected "auto" (the gateway\'s count of chat), 0 (the pooled p95) or a count of '
+        f"chat answers a minute like 24; got {value!r}"
+    )
+
+
 @dataclass(frozen=True)
 class ControlSettings:
     """The control loop that steers the batch allowance (llm_watchdog.control.law holds the law)."""
@@ -207,24 +217,20 @@ class ControlSettings:
     # Sequences the engine runs at once (vLLM --max-num-seqs, llama.cpp --parallel, Ollama
     # OLLAMA_NUM_PARALLEL, SGLang --max-running-requests); 0: detected where the engine says.
     engine_slots: int = ControlConfig.engine_slots
-    # Chat answers a minute: `headroom`, `status` and `report` then judge a group of probes as
-    # the SLO's one-minute windows of that much chat; 0: by the probes' pooled p95.
-    chat_per_minute: int = 0
+    # How `headroom`, `status` and `report` judge a group of probes: as the SLO's one-minute
+    # windows of this many chat answers; "auto": of as many as the gateway counted over the
+    # span (the pooled p95 where it counted none); 0: by the probes' pooled p95.
+    chat_per_minute: int | str = field(default=AUTO, metadata={"check": check_chat_per_minute})
     haproxy_socket: str = ""  # e.g. /run/haproxy/admin.sock or 127.0.0.1:9999
     haproxy_backend: str = ""
     haproxy_server: str = ""
     command: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.chat_per_minute < 0:
-            raise ValueError(
-                f"chat_per_minute must be 0 (judge by the pooled p95) or a count of chat "
-                f"answers a minute, got {self.chat_per_minute}"
-            )
-
-    def headroom_share(self) -> float:
-        """The share of probes over the target a headroom group may hold (headroom.py)."""
-        return share_for(self.chat_per_minute)
+        try:
+            check_chat_per_minute(self.chat_per_minute)
+        except ValueError as exc:
+            raise ValueError(f"chat_per_minute: {exc}") from None
 
 
 @dataclass(frozen=True)

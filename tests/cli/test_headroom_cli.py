@@ -128,19 +128,23 @@ def test_headroom_judged_by_the_slos_minutes_names_less_than_the_pooled_p95(db_p
     assert text.exit_code == 0, text.output
     assert "groups: a group holds with at most 0.63 % of its probes over the target" in text.output
     assert "a minute of 24 chat answers" in text.output and "cool    2  (sure" in text.output
+    # No control decision counted chat here: "auto" (the default) falls back to the pooled
+    # p95 and says why.
     plain = invoke("headroom", "--since", "7h", env=env)
     assert "groups: a group holds with at most 5 % of its probes" in plain.output
-    assert "--chat-per-minute" in plain.output
+    assert "the gateway counted no chat over this span; --chat-per-minute N" in plain.output
 
 
-def test_headroom_chat_per_minute_under_zero_is_a_usage_error(db_path):
+def test_headroom_chat_per_minute_not_auto_or_a_count_is_a_usage_error(db_path):
     with Store(db_path):
         pass
-    out = invoke(
-        "headroom", "--chat-per-minute", "-1", env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
-    )
-    assert out.exit_code == 2 and "--chat-per-minute" in out.output
-    assert "Traceback" not in out.output
+    for bad in ("-1", "lots", "2.5"):
+        out = invoke(
+            "headroom", "--chat-per-minute", bad, env={"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+        )
+        assert out.exit_code == 2 and "--chat-per-minute" in out.output, out.output
+        assert "give auto (the gateway's count), 0 (the pooled p95) or e.g. 24" in out.output
+        assert "Traceback" not in out.output
 
 
 def test_the_configs_chat_per_minute_rules_headroom_status_and_the_report(db_path, tmp_path):
@@ -176,12 +180,15 @@ def test_the_configs_chat_per_minute_rules_headroom_status_and_the_report(db_pat
     )
     assert "pooled over the probes" in pooled_page.read_text()
     assert "<td>4</td>" in pooled_page.read_text()
-    bad = invoke("headroom", env={**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": "-3"})
-    assert bad.exit_code != 0 and "chat_per_minute must be 0" in bad.output
-    assert "Traceback" not in bad.output
+    for value in ("-3", "many"):
+        bad = invoke("headroom", env={**env, "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE": value})
+        assert bad.exit_code != 0, bad.output
+        assert "LLM_WATCHDOG__CONTROL__CHAT_PER_MINUTE" in bad.output
+        assert 'expected "auto" (the gateway\'s count of chat), 0 (the pooled p95)' in bad.output
+        assert "Traceback" not in bad.output
 
 
-def test_headroom_says_how_much_chat_the_gateway_counted_and_the_rule_for_it(db_path):
+def test_headroom_judges_by_as_much_chat_as_the_gateway_counted(db_path, tmp_path):
     from llm_watchdog.control.law import ControlAction
     from llm_watchdog.store.control import action_row, record_action
 
@@ -195,22 +202,34 @@ def test_headroom_says_how_much_chat_the_gateway_counted_and_the_rule_for_it(db_
             action = ControlAction(now - 600 + 60 * i, 4, 4, "hold 4", inputs)
             record_action(store, action_row(action, ts=now - 600 + 60 * i))
     env = {"LLM_WATCHDOG__STORAGE__PATH": str(db_path)}
+    # The default, "auto": judged by minutes of as much chat as the gateway counted.
     text = invoke("headroom", "--since", "7h", env=env)
     assert text.exit_code == 0, text.output
-    assert "chat: about 24 answers a minute over this span (the gateway's count)" in text.output
-    assert "allow 0.63 % over the target" in text.output
-    assert "--chat-per-minute 24" in text.output
+    assert "at most 0.63 % of its probes over the target" in text.output
+    assert "a minute of 24 chat answers (the gateway's count over this span)" in text.output
+    assert "cool    2  (sure" in text.output and "chat: about" not in text.output
     (row,) = map(
         json.loads, invoke("headroom", "--since", "7h", "--json", env=env).output.splitlines()
     )
-    assert row["chat_per_minute_seen"] == 24
-    # Judged by minutes already: no advice to do so.
-    judged = invoke("headroom", "--since", "7h", "--chat-per-minute", "24", env=env)
-    assert "chat: about" not in judged.output and "cool    2  (sure" in judged.output
-    # A span with no counted decision: no line, and null in JSON.
+    assert (row["chat_per_minute_seen"], row["chat_per_minute"], row["allowance"]) == (24, 24, 2)
+    auto = invoke("headroom", "--since", "7h", "--chat-per-minute", "AUTO", env=env)
+    assert auto.output == text.output
+    # status and the report judge alike.
+    status = invoke("status", env=env)
+    assert status.exit_code == 0 and "headroom     cool    2  (sure" in status.output
+    page = tmp_path / "r.html"
+    assert invoke("report", "--since", "7h", "--out", str(page), env=env).exit_code == 0
+    assert "in 99 % of one-minute windows of 24 answers" in page.read_text()
+    # Asked for the pooled p95: the count, the rule it would give, and how to ask for it.
+    pooled = invoke("headroom", "--since", "7h", "--chat-per-minute", "0", env=env)
+    assert "chat: about 24 answers a minute over this span (the gateway's count)" in pooled.output
+    assert "allow 0.63 % over the target" in pooled.output
+    assert "--chat-per-minute auto" in pooled.output and "cool    4" in pooled.output
+    # A span with no counted decision: auto is the pooled p95, and the count null in JSON.
     early = invoke("headroom", "--since", "7h", "--until", "20m", "--json", env=env)
     (old,) = map(json.loads, early.output.splitlines())
-    assert old["chat_per_minute_seen"] is None
+    assert (old["chat_per_minute_seen"], old["chat_per_minute"]) == (None, 0)
+    assert old["exceed_share"] == 0.05
 
 
 def test_the_law_records_the_usual_chat_rate_only_where_chat_is_counted():

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from llm_watchdog.control.headroom import (
+    AUTO,
+    EXCEED_SHARE,
     MIN_GROUP,
     Observation,
     describe,
@@ -15,6 +17,7 @@ from llm_watchdog.control.headroom import (
     minute_share,
     observation_from,
     row_for,
+    share_for,
     thermal_state,
 )
 from llm_watchdog.nvml.throttle import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
@@ -202,3 +205,12 @@ def test_judged_by_minutes_a_group_with_a_few_slow_answers_fails():
     assert (pooled.allowance, pooled.bound) == (4, "exact")
     assert (minute.allowance, minute.bound, minute.confidence) == (2, "exact", "sure")
     assert [g.verdict for g in minute.groups][:4] == ["holds", "holds", "holds", "fails"]
+
+
+def test_auto_judges_by_the_gateways_count_and_a_count_given_overrides_it():
+    from llm_watchdog.control.headroom import judged_per_minute
+
+    assert judged_per_minute(AUTO, 24) == 24
+    assert judged_per_minute(AUTO, None) == 0  # nothing counted chat: the pooled p95
+    assert judged_per_minute(60, 24) == 60 and judged_per_minute(0, 24) == 0
+    assert share_for(judged_per_minute(AUTO, None)) == EXCEED_SHARE

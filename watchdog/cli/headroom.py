@@ -17,12 +17,14 @@ import click
 from llm_watchdog.cli.group import cli, db_option, open_store, settings_from, window_args
 from llm_watchdog.cli.output import emit, listing_options
 from llm_watchdog.control.headroom import (
+    AUTO,
     EXCEED_SHARE,
     MINUTE_ATTAINMENT,
     STATE_RULE,
     StateRow,
     describe,
     headroom_map,
+    judged_per_minute,
     minute_share,
     observation_from,
     row_for,
@@ -62,6 +64,29 @@ class TargetMs(click.ParamType):
         return ms
 
 
+class PerMinute(click.ParamType):
+    """`--chat-per-minute`: "auto", or a count of chat answers a minute (0: the pooled p95)."""
+
+    name = "auto|N"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        text = str(value).strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if n < 0:
+            self.fail(
+                f"{value!r} is not auto or a count of chat answers a minute: give auto (the "
+                "gateway's count), 0 (the pooled p95) or e.g. 24"
+            )
+        return n
+
+
 def stored_map(
     store: Store,
     since_ts: float,
@@ -87,18 +112,35 @@ def chat_per_minute_seen(
     return max(1, round(statistics.median(rates) * 60.0))
 
 
-def group_rule(share: float, per_minute: int | None) -> str:
-    """How a group of probes is judged, in words, for the table's head."""
-    if per_minute is None:
+def judging(
+    store: Store, setting: int | str, since_ts: float, until_ts: float | None = None
+) -> tuple[int, int | None]:
+    """The chat answers a minute a map over the span is judged by (0: the pooled p95), from
+    `control.chat_per_minute` or `--chat-per-minute`, and the gateway's count over the span
+    (None where it counted none)."""
+    seen = chat_per_minute_seen(store, since_ts, until_ts)
+    return judged_per_minute(setting, seen), seen
+
+
+def group_rule(share: float, per_minute: int, setting: int | str = 0) -> str:
+    """How a group of probes is judged, in words, for the table's head: `per_minute` is what
+    `setting` came to (`judging`)."""
+    if per_minute == 0:
+        why = (
+            "the gateway counted no chat over this span; --chat-per-minute N judges it as the "
+            "SLO's one-minute windows of N answers"
+            if setting == AUTO
+            else "--chat-per-minute judges it as the SLO's one-minute windows"
+        )
         return (
             f"a group holds with at most {share * 100:.0f} % of its probes over the target "
-            "(its p95 within it, pooled; --chat-per-minute judges it as the SLO's one-minute "
-            "windows)"
+            f"(its p95 within it, pooled: {why})"
         )
+    whose = " (the gateway's count over this span)" if setting == AUTO else ""
     return (
         f"a group holds with at most {share * 100:.2f} % of its probes over the target: at "
-        f"that share a minute of {per_minute} chat answers has its p95 within the target in "
-        f"{MINUTE_ATTAINMENT * 100:.0f} % of minutes"
+        f"that share a minute of {per_minute} chat answers{whose} has its p95 within the target "
+        f"in {MINUTE_ATTAINMENT * 100:.0f} % of minutes"
     )
 
 
@@ -143,13 +185,15 @@ def status_line(
     config_ms: float,
     now_ts: float,
     given_ms: float | None = None,
-    share: float = EXCEED_SHARE,
+    per_minute: int | str = AUTO,
 ) -> tuple[str, dict[str, Any]]:
     """The `status` row: the current state's headroom over the last 7 days, and the target
-    it was judged against (`chosen_target`); a group holds with at most `share` over it."""
+    it was judged against (`chosen_target`); groups judged by `per_minute`
+    (`control.chat_per_minute`)."""
     since = now_ts - 7 * 86400.0
     target_ms, whose = chosen_target(store, given_ms, config_ms)
     state = current_state(store) or "no-gpu"
+    share = share_for(judging(store, per_minute, since)[0])
     row = row_for(stored_map(store, since, target_ms, share=share), state)
     against = f"; against the {human_ms(target_ms)} target ({whose})"
     about = {"state": state, "target_ms": target_ms, "target_from": whose}
@@ -179,13 +223,13 @@ def status_line(
 @click.option(
     "--chat-per-minute",
     "per_minute",
-    type=click.IntRange(min=0),
+    type=PerMinute(),
     default=None,
     help="Judge each group as the SLO does, by one-minute windows of this many chat answers "
-    "(the minute's p95 within the target in 99 % of minutes) instead of by the probes' pooled "
-    "p95: with few answers a minute that asks for far fewer slow ones. The gateway counts "
-    'them: llm_watchdog_gateway_requests_total{class="chat"} over an hour, over 60. '
-    "0: the pooled p95. Default: control.chat_per_minute.",
+    "(the minute's p95 within the target in 99 % of minutes): with few answers a minute that "
+    "asks for far fewer slow ones than a pooled p95. auto: as many as the gateway counted "
+    "over the span, the pooled p95 where it counted none. 0: the probes' pooled p95. "
+    "Default: control.chat_per_minute (auto).",
 )
 @listing_options
 @click.pass_context
@@ -194,7 +238,7 @@ def headroom(
     since: str,
     until: str | None,
     target_ms: float | None,
-    per_minute: int | None,
+    per_minute: int | str | None,
     fmt: str,
 ) -> None:
     """Per thermal state of the card: the batch concurrency that keeps chat p95 in target.
@@ -204,24 +248,29 @@ def headroom(
     settings = settings_from(ctx)
     now = time.time()
     since_ts, until_ts = window_args(since, until, now)
-    if per_minute is None:
-        per_minute = settings.control.chat_per_minute
-    share = share_for(per_minute)
+    setting = settings.control.chat_per_minute if per_minute is None else per_minute
     with open_store(settings) as store:
         config_ms = settings.control.target_p95_s * 1000.0
         target, whose = chosen_target(store, target_ms, config_ms)
+        judged, seen = judging(store, setting, since_ts, until_ts)
+        share = share_for(judged)
         rows = stored_map(store, since_ts, target, until_ts, share)
         unloaded = probes_without_load(store, since_ts) if not rows else 0
         state = current_state(store)
-        seen = chat_per_minute_seen(store, since_ts, until_ts)
     if fmt != "table":
         columns = [f.name for f in dataclasses.fields(StateRow)] + [
             "current",
             "target_ms",
             "exceed_share",
+            "chat_per_minute",
             "chat_per_minute_seen",
         ]
-        extra = {"target_ms": target, "exceed_share": share, "chat_per_minute_seen": seen}
+        extra = {
+            "target_ms": target,
+            "exceed_share": share,
+            "chat_per_minute": judged,
+            "chat_per_minute_seen": seen,
+        }
         listed = [{**r.to_dict(), "current": r.state == state, **extra} for r in rows]
         emit(listed, columns, fmt)
         return
@@ -237,13 +286,13 @@ def headroom(
         click.echo(f"not enough data yet: {why}")
         return
     click.echo(f"states: {STATE_RULE}")
-    click.echo(f"groups: {group_rule(share, per_minute or None)}")
-    if seen is not None and per_minute == 0:
+    click.echo(f"groups: {group_rule(share, judged, setting)}")
+    if seen is not None and judged == 0:
         click.echo(
             f"chat: about {seen} answers a minute over this span (the gateway's count); the "
             f"SLO's one-minute windows of that much chat allow {minute_share(seen) * 100:.2f} % "
-            f"over the target, not 5 %: --chat-per-minute {seen} (or control.chat_per_minute) "
-            "judges by them"
+            f"over the target, not 5 %: --chat-per-minute auto (control.chat_per_minute's "
+            "default) judges by them"
         )
     click.echo("state   allowance  (confidence, probes, the bands of those probes)")
     for r in rows:

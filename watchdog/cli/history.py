@@ -66,7 +66,7 @@ def status(ctx: click.Context, target_ms: float | None, as_json: bool) -> None:
             settings.control.target_p95_s * 1000.0,
             now,
             given_ms=target_ms,
-            share=settings.control.headroom_share(),
+            per_minute=settings.control.chat_per_minute,
         )
         control = control_state(store)
     data = {

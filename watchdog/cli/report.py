@@ -9,10 +9,10 @@ from typing import Any
 import click
 
 from llm_watchdog.cli.group import Fail, cli, open_store, settings_from, window_args
-from llm_watchdog.cli.headroom import TargetMs, chosen_target, stored_map
+from llm_watchdog.cli.headroom import TargetMs, chosen_target, judging, stored_map
 from llm_watchdog.cli.output import emit
 from llm_watchdog.cli.urlargs import PROMETHEUS_URL
-from llm_watchdog.control.headroom import rule_words, share_for
+from llm_watchdog.control.headroom import AUTO, rule_words, share_for
 from llm_watchdog.report.data import Report, from_rows
 from llm_watchdog.report.prometheus import FLEET_QUERIES, PrometheusError, fleet, from_prometheus
 from llm_watchdog.store.control import actions as control_actions
@@ -111,13 +111,13 @@ def _config_target_ms(ctx: click.Context) -> float | None:
 HEADROOM_COLUMNS = ("state", "allowance", "bound", "confidence", "n", "unit", "settle")
 
 
-def _chat_per_minute(ctx: click.Context) -> int:
-    """The config's rule for a headroom group (`control.chat_per_minute`); 0, the pooled p95,
-    where no config loads."""
+def _chat_per_minute(ctx: click.Context) -> int | str:
+    """The config's rule for a headroom group (`control.chat_per_minute`); its default,
+    "auto", where no config loads."""
     try:
         return settings_from(ctx).control.chat_per_minute
     except click.ClickException:
-        return 0
+        return AUTO
 
 
 def _headroom(
@@ -138,7 +138,7 @@ def _from_store(
     gpu_index: int | None,
     given_ms: float | None,
     config_ms: float | None,
-    per_minute: int = 0,
+    per_minute: int | str = AUTO,
 ) -> Report:
     """The report of a span of the daemon's database (`db`, else the config's); its headroom
     table judged with `per_minute` chat answers a minute (`control.chat_per_minute`)."""
@@ -154,11 +154,12 @@ def _from_store(
         settings = settings_from(ctx)
         store = open_store(settings)
         source = f"database {settings.storage.path}"
-    share = share_for(per_minute)
     with store:
         # Without --target, the target the daemon steered by (`chosen_target`): a demo's or
         # another box's database is judged by its own promise, not this config's.
         target_ms, _ = chosen_target(store, given_ms, config_ms)
+        judged, _ = judging(store, per_minute, since_ts, until_ts)
+        share = share_for(judged)
         gpu = store.gpu_samples(since_ts, until_ts)
         have = sorted({g["gpu_index"] for g in gpu})
         if gpu_index is not None and have and gpu_index not in have:
@@ -176,7 +177,7 @@ def _from_store(
             actions=control_actions(store, since_ts, until_ts),
             events=events(store, since_ts, until_ts),
             headroom=_headroom(store, since_ts, until_ts, target_ms, share),
-            headroom_rule=rule_words(per_minute),
+            headroom_rule=rule_words(judged),
             target_p95_ms=target_ms,
             gpu_index=gpu_index,
         )

@@ -171,6 +171,18 @@ def minute_share(per_minute: int, attainment: float = MINUTE_ATTAINMENT) -> floa
     return lo
 
 
+AUTO = "auto"  # `control.chat_per_minute`: the gateway's own count of chat, where it has one
+
+
+def judged_per_minute(setting: int | str, seen: int | None) -> int:
+    """The chat answers a minute a map is judged by (0: the pooled p95): the setting where it
+    is a count; for "auto", `seen` (the gateway's count over the span), else 0 where the
+    gateway counted none."""
+    if setting == AUTO:
+        return seen or 0
+    return int(setting)
+
+
 def share_for(per_minute: int) -> float:
     """The share a group may hold over the target: `minute_share(per_minute)`, or the pooled
     p95's EXCEED_SHARE for 0 (`control.chat_per_minute`'s default)."""
