@@ -58,7 +58,10 @@ def test_a_good_probe_measures_ttft_tokens_gaps_and_quality(srv: StreamServer) -
     assert r.first_event_ms is not None and r.ttft_ms is not None and r.total_ms is not None
     assert r.first_event_ms < 50  # the role-only chunk comes at once
     assert 100 <= r.ttft_ms < 150
-    assert r.total_ms >= r.ttft_ms + 5 * 20
+    # The whole stream, not up to the first token: five 20-ms gaps on the server's side. The
+    # client's read of the first token can come late by a little on a loaded machine (CI
+    # measured 99.5 ms for the five), so with slack.
+    assert r.total_ms - r.ttft_ms >= 5 * 20 - 10
     assert r.gap_p50_ms is not None and r.gap_max_ms is not None
     assert 19 <= r.gap_p50_ms < 60 and r.gap_max_ms >= r.gap_p50_ms
     assert (r.cache_mode, r.cache_bust, r.connection) == ("bust", "system_nonce", "fresh")
