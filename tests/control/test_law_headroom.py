@@ -387,3 +387,87 @@ def test_the_map_learns_from_chat_at_its_usual_rate_not_from_a_surge() -> None:
     # Where it is off, the map takes them in, as before.
     mixed = [ms for _, ms, _, _ in surge_then_calm(map_skip_surges=False).map_samples]
     assert mixed.count(2500.0) == 6 * 9
+
+
+def chat_fails_at_18(
+    c: AllowanceController, gpu: GpuState, arrivals: int | None, held_at: int = 10
+) -> float:
+    """Eight minutes of chat with 18 batch requests in flight (what ran before the serving
+    layer held the allowance at `held_at`), 12 of its 400 answers (3 %) over the target: within a
+    pooled p95, far over what minutes of ~48 answers allow (0.6 %). Returns the time it
+    ends."""
+    now = 0.0
+    for k in range(100):
+        slow = k % 8 == 0 and k < 96
+        answers = (1500.0 if slow else 300.0, 300.0, 300.0, 300.0)
+        c.step(
+            ControlInput(
+                now,
+                answers,
+                gpu=gpu,
+                batch_inflight=18,
+                batch_queued=30,
+                chat_arrivals=arrivals,
+                allowance=held_at,
+            )
+        )
+        now += 5.0
+    return now
+
+
+def grow_after(
+    c: AllowanceController, now: float, arrivals: int | None, steps: int = 200
+) -> ControlAction:
+    """Fast chat, 4 answers every 5 s on the cool card, a batch job that fills its allowance
+    and asks for more: the last decision after `steps` of 5 s (~17 minutes)."""
+    a = None
+    for _ in range(steps):
+        a = c.step(
+            ControlInput(
+                now,
+                (200.0,) * 4,
+                gpu=COOL,
+                batch_inflight=c.allowance,
+                batch_queued=30,
+                chat_arrivals=arrivals,
+            )
+        )
+        now += 5.0
+    assert a is not None
+    return a
+
+
+def test_growth_stops_under_a_level_the_map_is_sure_chat_fails_at_in_this_state() -> None:
+    c = ours(default_allowance=10)
+    a = grow_after(c, chat_fails_at_18(c, COOL, arrivals=4), arrivals=4)
+    assert a.allowance_after == 16, a.reason
+    assert "one under the 17 batch requests the headroom map is sure chat fails at while cool" in (
+        a.reason
+    )
+    # Inside the failing group already, it grows no deeper.
+    inside = ours(default_allowance=10)
+    a = grow_after(inside, chat_fails_at_18(inside, COOL, 4, held_at=20), 4, steps=30)
+    assert (a.allowance_before, a.allowance_after) == (20, 20), a.reason
+    assert "held at one under the 17 batch requests" in a.reason
+    # Once those answers have aged out of the map, the level is tried again.
+    short = ours(default_allowance=10, headroom_memory_s=600.0)
+    assert (
+        grow_after(short, chat_fails_at_18(short, COOL, arrivals=4), arrivals=4).allowance_after
+        == 32
+    )
+
+
+def test_the_fail_cap_judges_as_the_slo_only_where_chat_is_counted_and_only_its_own_state() -> None:
+    # Without the serving layer's count the map judges by the pooled p95, and 3 % over holds.
+    pooled = ours(default_allowance=10)
+    assert grow_after(pooled, chat_fails_at_18(pooled, COOL, None), None).allowance_after == 32
+    # Failing while hot says nothing of the cool card.
+    hot_only = ours(default_allowance=10)
+    assert grow_after(hot_only, chat_fails_at_18(hot_only, HOT, 4), 4).allowance_after == 32
+    off = ours(default_allowance=10, map_fail_cap=False)
+    assert grow_after(off, chat_fails_at_18(off, COOL, 4), 4).allowance_after == 32
+    # Nor does the seed from earlier days cap growth: a level it failed would never be tried
+    # again while the daemon runs.
+    seeded = ours(default_allowance=10)
+    seeded.seed_map([Observation(1500.0 if i % 33 == 0 else 300.0, 18, "cool") for i in range(400)])
+    assert grow_after(seeded, 0.0, 4).allowance_after == 32

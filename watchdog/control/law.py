@@ -76,6 +76,11 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   card brings the same slowdown back (TCP's ssthresh).
 - `clock_fall_cut`: under a thermal slowdown bit, a busy clock under half its busiest of the
   last minute cuts what runs by the same share at once, before the latency signal shows it.
+- `map_fail_cap`: growth stops under a batch level group the headroom map is sure fails in
+  the current thermal state, judged as the SLO's one-minute windows of the usual chat count
+  where the serving layer counts chat. The p95 estimate sits in the dead band where a
+  minute of ~24 answers still misses one time in ten, and the law probes into it on noise
+  alone; this run's own answers say where not to go.
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
   step): arrivals are Poisson, false alarms happen a few times an hour, and each should cost
   a few changes. Where the serving layer ramps a raise (`serving_ramps`: the gateway's
@@ -102,8 +107,10 @@ from llm_watchdog.control.headroom import (
     Observation,
     StateRow,
     describe,
+    groups_of,
     headroom_map,
     level_of,
+    share_for,
     thermal_state,
 )
 from llm_watchdog.control.signals import LogEwma, SurgeDetector
@@ -120,6 +127,9 @@ MAP_PRIOR_PER_CELL = 400
 HEAT_PACE_S = 60.0
 # The busy clock a fall is measured from: the busiest of the last minute.
 CLOCK_FALL_WINDOW_S = 60.0
+# The map's failing groups are read again this often: a verdict moves over minutes, and a
+# read groups up to hours of chat.
+FAIL_LEVELS_EVERY_S = 30.0
 FREEZE_MODES = ("throttled", "falling", "off")
 
 
@@ -216,6 +226,13 @@ class ControlConfig:
     # pace; the latency estimate shows a fall that deep only once a minute is lost
     # (hr-fans-stall-twice: 0.94 → 0.31 of the maximum in 40 s). A prefill's dip is shallower.
     clock_fall_cut: float = 0.5
+    # No growth into a batch level group the headroom map is sure fails in the current thermal
+    # state, judged as the SLO judges: minutes of the usual chat count (`minute_share`) where
+    # the serving layer counts chat, the pooled p95 where it does not. A law that probes
+    # above the edge on noise alone (office-tight-target: 16 → 20 → cut, ~100 changes an
+    # hour) stops where this run's answers have shown chat fail, and tries again once they
+    # age out of the map (`headroom_memory_s`).
+    map_fail_cap: bool = True
 
     @property
     def slot_line(self) -> int:
@@ -314,6 +331,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         heat_eta_s=0.0,
         cut_memory_s=0.0,
         clock_fall_cut=0.0,
+        map_fail_cap=False,
     )
 
 
@@ -407,6 +425,9 @@ class AllowanceController:
         self.config = c
         self.allowance = c.default_allowance
         self.ewma = LogEwma(c.ewma_alpha)
+        # The groups the map is sure fail in a state: (state, when read, their first levels).
+        self.fail_levels: tuple[str, float, tuple[tuple[int, int], ...]] | None = None
+        self.chat_counted = False  # the serving layer counts chat arrivals (chat_arrivals)
         self.window: deque[tuple[float, float]] = deque()  # (now_s, ttft_ms) since last cut
         self.good_streak = 0  # samples in a row with p̂95 < grow_ratio·T
         self.samples_seen = 0
@@ -605,6 +626,7 @@ class AllowanceController:
         before = self.allowance if inp.allowance is None else inp.allowance
         level = min(max(before, c.floor), c.ceiling)
         est, worst, severe, values = self._observe(inp)
+        self.chat_counted = inp.chat_arrivals is not None
         throttled, drop = self._clock(inp, level)
         dt = 0.0 if self.last_now_s is None else max(0.0, inp.now_s - self.last_now_s)
         self.last_now_s = inp.now_s
@@ -858,6 +880,13 @@ class AllowanceController:
             room = c.slot_line - peak
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots chat has held lately"
+        failing = self._failing_level(inp.now_s, level)
+        if failing is not None and failing - 1 < limit:
+            limit = max(c.floor, failing - 1)
+            why_limit = (
+                f"one under the {failing} batch requests the headroom map is sure chat fails at "
+                f"while {self.map_state}"
+            )
         if self.failed is not None and self.failed[0] - 1 < limit:
             limit = max(c.floor, self.failed[0] - 1)
             why_limit = f"one under the {self.failed[0]} batch requests chat slowed at"
@@ -907,6 +936,26 @@ class AllowanceController:
             kind = "freeze" if limit == self.frozen_ceiling else "hold"
             return kind, level, f"p95≈{est:.0f} ms low, held at {why_limit}"
         return "grow", after, f"p95≈{est:.0f} ms < {c.grow_ratio:g}×T"
+
+    def _failing_level(self, now_s: float, level: int) -> int | None:
+        """The first level of the lowest group at or above `level`'s own that the map is sure
+        fails in the current thermal state (`map_fail_cap`); None where there is none."""
+        state = self.map_state
+        if not self.config.map_fail_cap or state not in STATES:
+            return None
+        cached = self.fail_levels
+        if cached is None or cached[0] != state or now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
+            # This run's answers only, which age out of the map: a level capped by the seed
+            # from earlier days would never be tried again while the daemon runs.
+            obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
+            rate = self.surge.usual.rate
+            per_minute = round(rate * 60.0) if self.chat_counted and rate else 0
+            groups = groups_of(obs, self.config.target_p95_ms, share_for(per_minute))
+            fails = tuple((g.lo, g.hi) for g in groups if g.verdict == "fails" and g.sure)
+            cached = self.fail_levels = (state or "", now_s, fails)
+        # Groups below the level's own are left out: the few minutes after a burst's shed
+        # fill them with the burst's slow answers.
+        return next((lo for lo, hi in cached[2] if hi >= level), None)
 
     def _forget_failed(self, now_s: float, heat_now: bool) -> None:
         """Let growth past the last latency cut's level once `cut_memory_s` has passed, or the

@@ -102,6 +102,7 @@ ADDITIONS = (
     "headroom",
     "cut_memory_s",
     "clock_fall_cut",
+    "map_fail_cap",
 )
 
 
