@@ -441,14 +441,17 @@ def test_growth_stops_under_a_level_the_map_is_sure_chat_fails_at_in_this_state(
     c = ours(default_allowance=10)
     a = grow_after(c, chat_fails_at_18(c, COOL, arrivals=4), arrivals=4)
     assert a.allowance_after == 16, a.reason
-    assert "one under the 17 batch requests the headroom map is sure chat fails at while cool" in (
-        a.reason
+    assert a.reason == (
+        "hold 16: p95≈200 ms low, held at the cool headroom map: chat surely misses the SLO's "
+        "minutes at 17+ batch requests"
     )
     # Inside the failing group already, it grows no deeper.
     inside = ours(default_allowance=10)
     a = grow_after(inside, chat_fails_at_18(inside, COOL, 4, held_at=20), 4, steps=30)
     assert (a.allowance_before, a.allowance_after) == (20, 20), a.reason
-    assert "held at one under the 17 batch requests" in a.reason
+    assert "held at the cool headroom map: chat surely misses the SLO's minutes at 17+" in (
+        a.reason
+    )
     # Once those answers have aged out of the map, the level is tried again.
     short = ours(default_allowance=10, headroom_memory_s=600.0)
     assert (

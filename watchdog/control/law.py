@@ -884,8 +884,8 @@ class AllowanceController:
         if failing is not None and failing - 1 < limit:
             limit = max(c.floor, failing - 1)
             why_limit = (
-                f"one under the {failing} batch requests the headroom map is sure chat fails at "
-                f"while {self.map_state}"
+                f"the {self.map_state} headroom map: chat surely misses the SLO's minutes at "
+                f"{failing}+ batch requests"
             )
         if self.failed is not None and self.failed[0] - 1 < limit:
             limit = max(c.floor, self.failed[0] - 1)
