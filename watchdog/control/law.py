@@ -427,7 +427,6 @@ class AllowanceController:
         self.ewma = LogEwma(c.ewma_alpha)
         # The groups the map is sure fail in a state: (state, when read, their first levels).
         self.fail_levels: tuple[str, float, tuple[tuple[int, int], ...]] | None = None
-        self.chat_counted = False  # the serving layer counts chat arrivals (chat_arrivals)
         self.window: deque[tuple[float, float]] = deque()  # (now_s, ttft_ms) since last cut
         self.good_streak = 0  # samples in a row with p̂95 < grow_ratio·T
         self.samples_seen = 0
@@ -626,7 +625,6 @@ class AllowanceController:
         before = self.allowance if inp.allowance is None else inp.allowance
         level = min(max(before, c.floor), c.ceiling)
         est, worst, severe, values = self._observe(inp)
-        self.chat_counted = inp.chat_arrivals is not None
         throttled, drop = self._clock(inp, level)
         dt = 0.0 if self.last_now_s is None else max(0.0, inp.now_s - self.last_now_s)
         self.last_now_s = inp.now_s
@@ -880,7 +878,7 @@ class AllowanceController:
             room = c.slot_line - peak
             if room < limit:
                 limit, why_limit = max(c.floor, room), "the engine's slots chat has held lately"
-        failing = self._failing_level(inp.now_s, level)
+        failing = self._failing_level(inp, level)
         if failing is not None and failing - 1 < limit:
             limit = max(c.floor, failing - 1)
             why_limit = (
@@ -937,22 +935,23 @@ class AllowanceController:
             return kind, level, f"p95≈{est:.0f} ms low, held at {why_limit}"
         return "grow", after, f"p95≈{est:.0f} ms < {c.grow_ratio:g}×T"
 
-    def _failing_level(self, now_s: float, level: int) -> int | None:
+    def _failing_level(self, inp: ControlInput, level: int) -> int | None:
         """The first level of the lowest group at or above `level`'s own that the map is sure
         fails in the current thermal state (`map_fail_cap`); None where there is none."""
         state = self.map_state
-        if not self.config.map_fail_cap or state not in STATES:
+        if not self.config.map_fail_cap or state is None or state not in STATES:
             return None
         cached = self.fail_levels
-        if cached is None or cached[0] != state or now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
+        if cached is None or cached[0] != state or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
             # This run's answers only, which age out of the map: a level capped by the seed
             # from earlier days would never be tried again while the daemon runs.
             obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
             rate = self.surge.usual.rate
-            per_minute = round(rate * 60.0) if self.chat_counted and rate else 0
+            counted = inp.chat_arrivals is not None  # the serving layer counts chat
+            per_minute = round(rate * 60.0) if counted and rate else 0
             groups = groups_of(obs, self.config.target_p95_ms, share_for(per_minute))
             fails = tuple((g.lo, g.hi) for g in groups if g.verdict == "fails" and g.sure)
-            cached = self.fail_levels = (state or "", now_s, fails)
+            cached = self.fail_levels = (state, inp.now_s, fails)
         # Groups below the level's own are left out: the few minutes after a burst's shed
         # fill them with the burst's slow answers.
         return next((lo for lo, hi in cached[2] if hi >= level), None)
