@@ -80,7 +80,9 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   the current thermal state, judged as the SLO's one-minute windows of the usual chat count
   where the serving layer counts chat. The p95 estimate sits in the dead band where a
   minute of ~24 answers still misses one time in ten, and the law probes into it on noise
-  alone; this run's own answers say where not to go.
+  alone; this run's own answers say where not to go. With `map_fail_cap_seed`, the earlier
+  days' answers (`seed_map`) count too for the run's first `headroom_memory_s`, then the
+  level is tried anew.
 - What a surge that was met had shed comes back at the fast pace (a quarter of the level per
   step): arrivals are Poisson, false alarms happen a few times an hour, and each should cost
   a few changes. Where the serving layer ramps a raise (`serving_ramps`: the gateway's
@@ -233,6 +235,11 @@ class ControlConfig:
     # hour) stops where this run's answers have shown chat fail, and tries again once they
     # age out of the map (`headroom_memory_s`).
     map_fail_cap: bool = True
+    # The cap also weighs the earlier days' answers (`seed_map`) for the run's first
+    # `headroom_memory_s`, as this run's own would be weighed before they age out: the level
+    # the card failed at yesterday is not probed again on the first morning. After that the
+    # level is tried anew, and this run's answers alone judge it.
+    map_fail_cap_seed: bool = True
 
     @property
     def slot_line(self) -> int:
@@ -332,6 +339,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         cut_memory_s=0.0,
         clock_fall_cut=0.0,
         map_fail_cap=False,
+        map_fail_cap_seed=False,
     )
 
 
@@ -425,8 +433,8 @@ class AllowanceController:
         self.config = c
         self.allowance = c.default_allowance
         self.ewma = LogEwma(c.ewma_alpha)
-        # The groups the map is sure fail in a state: (state, when read, their first levels).
-        self.fail_levels: tuple[str, float, tuple[tuple[int, int], ...]] | None = None
+        # The groups the map is sure fail in a state: ((state, seed counted), when read, bounds).
+        self.fail_levels: tuple[tuple[str, bool], float, tuple[tuple[int, int], ...]] | None = None
         self.window: deque[tuple[float, float]] = deque()  # (now_s, ttft_ms) since last cut
         self.good_streak = 0  # samples in a row with p̂95 < grow_ratio·T
         self.samples_seen = 0
@@ -477,6 +485,7 @@ class AllowanceController:
         self.map_grow_row: str | None = None  # ... and that row, as text
         self.map_used: str | None = None  # the row the last map decision used
         self.map_prior: list[Observation] = []  # earlier days' chat (seed_map)
+        self.map_prior_at: float | None = None  # the first step after the seed
         self.temps: deque[tuple[float, float]] = deque()  # (now_s, °C) of the last minute
         self.clocks: deque[tuple[float, float]] = deque()  # (now_s, busy clock ratio)
         # The batch that ran when the last latency cut came, when, and in which thermal state.
@@ -493,6 +502,8 @@ class AllowanceController:
             key = (o.state, level_of(o.batch_inflight))
             cells.setdefault(key, deque(maxlen=MAP_PRIOR_PER_CELL)).append(o)
         self.map_prior = [o for cell in cells.values() for o in cell]
+        self.map_prior_at = None
+        self.fail_levels = None
         return len(self.map_prior)
 
     # -- what came in ----------------------------------------------------------------------
@@ -628,6 +639,8 @@ class AllowanceController:
         throttled, drop = self._clock(inp, level)
         dt = 0.0 if self.last_now_s is None else max(0.0, inp.now_s - self.last_now_s)
         self.last_now_s = inp.now_s
+        if self.map_prior and self.map_prior_at is None:
+            self.map_prior_at = inp.now_s
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
         fall = self._clock_fall(inp)
@@ -941,17 +954,26 @@ class AllowanceController:
         state = self.map_state
         if not self.config.map_fail_cap or state is None or state not in STATES:
             return None
+        # The seed from earlier days counts only while this run's own answers of that age
+        # would still be in the map: a level it capped for good would never be tried again.
+        at = self.map_prior_at
+        seeded = (
+            self.config.map_fail_cap_seed
+            and at is not None
+            and inp.now_s - at < self.config.headroom_memory_s
+        )
+        key = (state, seeded)
         cached = self.fail_levels
-        if cached is None or cached[0] != state or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
-            # This run's answers only, which age out of the map: a level capped by the seed
-            # from earlier days would never be tried again while the daemon runs.
+        if cached is None or cached[0] != key or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
             obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
+            if seeded:
+                obs += [o for o in self.map_prior if o.state == state]
             rate = self.surge.usual.rate
             counted = inp.chat_arrivals is not None  # the serving layer counts chat
             per_minute = round(rate * 60.0) if counted and rate else 0
             groups = groups_of(obs, self.config.target_p95_ms, share_for(per_minute))
             fails = tuple((g.lo, g.hi) for g in groups if g.verdict == "fails" and g.sure)
-            cached = self.fail_levels = (state, inp.now_s, fails)
+            cached = self.fail_levels = (key, inp.now_s, fails)
         # Groups below the level's own are left out: the few minutes after a burst's shed
         # fill them with the burst's slow answers.
         return next((lo for lo, hi in cached[2] if hi >= level), None)

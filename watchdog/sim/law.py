@@ -103,6 +103,7 @@ ADDITIONS = (
     "cut_memory_s",
     "clock_fall_cut",
     "map_fail_cap",
+    "map_fail_cap_seed",
 )
 
 
