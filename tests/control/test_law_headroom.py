@@ -481,10 +481,11 @@ def test_the_seed_caps_growth_for_the_runs_first_hours_then_the_level_is_tried_a
     # The level the card failed at on earlier days is not probed again on the first morning.
     seeded = ours(default_allowance=10)
     seeded.seed_map(failed_yesterday_at_18())
-    a = grow_after(seeded, 0.0, 4)
+    a = grow_after(seeded, 0.0, 4)  # ~17 minutes
     assert (a.allowance_after, a.kind) == (16, "hold"), a.reason
-    assert "held at the cool headroom map: chat surely misses the SLO's minutes at 17+" in (
-        a.reason
+    assert a.reason == (
+        "hold 16: p95≈200 ms low, held at the cool headroom map: chat surely misses the SLO's "
+        "minutes at 17+ batch requests (earlier days' answers counted for another 223 min)"
     )
     # Its verdict lasts as long as this run's own answers would: then the level is tried anew.
     short = ours(default_allowance=10, headroom_memory_s=600.0)

@@ -898,6 +898,9 @@ class AllowanceController:
                 f"the {self.map_state} headroom map: chat surely misses the SLO's minutes at "
                 f"{failing}+ batch requests"
             )
+            left = self._seed_counts_s(inp.now_s)
+            if left is not None and any(o.state == self.map_state for o in self.map_prior):
+                why_limit += f" (earlier days' answers counted for another {left / 60:.0f} min)"
         if self.failed is not None and self.failed[0] - 1 < limit:
             limit = max(c.floor, self.failed[0] - 1)
             why_limit = f"one under the {self.failed[0]} batch requests chat slowed at"
@@ -956,17 +959,11 @@ class AllowanceController:
             return None
         # The seed from earlier days counts only while this run's own answers of that age
         # would still be in the map: a level it capped for good would never be tried again.
-        at = self.map_prior_at
-        seeded = (
-            self.config.map_fail_cap_seed
-            and at is not None
-            and inp.now_s - at < self.config.headroom_memory_s
-        )
-        key = (state, seeded)
+        key = (state, self._seed_counts_s(inp.now_s) is not None)
         cached = self.fail_levels
         if cached is None or cached[0] != key or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
             obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
-            if seeded:
+            if key[1]:
                 obs += [o for o in self.map_prior if o.state == state]
             rate = self.surge.usual.rate
             counted = inp.chat_arrivals is not None  # the serving layer counts chat
@@ -977,6 +974,14 @@ class AllowanceController:
         # Groups below the level's own are left out: the few minutes after a burst's shed
         # fill them with the burst's slow answers.
         return next((lo for lo, hi in cached[2] if hi >= level), None)
+
+    def _seed_counts_s(self, now_s: float) -> float | None:
+        """How long the earlier days' answers still count for the fail cap; None: they do not."""
+        at = self.map_prior_at
+        if not self.config.map_fail_cap_seed or at is None:
+            return None
+        left = at + self.config.headroom_memory_s - now_s
+        return left if left > 0 else None
 
     def _forget_failed(self, now_s: float, heat_now: bool) -> None:
         """Let growth past the last latency cut's level once `cut_memory_s` has passed, or the
