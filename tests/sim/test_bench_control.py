@@ -73,3 +73,10 @@ def test_the_static_set_ahead_is_the_largest_that_met_99_percent_at_every_seed(
     assert bench.ahead_static(missed) == (0, 0.0)
     # ... and none where chat alone misses at some seed.
     assert bench.ahead_static([_res({1: (0.98, 10.0)}, alone=0.97), _res({})]) is None
+
+
+def test_a_scenario_with_no_chat_of_its_own_is_skipped_and_said_so(bench: ModuleType) -> None:
+    # heat-and-load's chat is the daemon's canaries, which the lab does not send: no window
+    # to judge, and the benchmark says so instead of failing on a missing attainment.
+    res = bench.bench("heat-and-load", 0, fast=True)
+    assert res == {"scenario": "heat-and-load", "skipped": "no chat of its own: nothing to judge"}
