@@ -959,11 +959,12 @@ class AllowanceController:
             return None
         # The seed from earlier days counts only while this run's own answers of that age
         # would still be in the map: a level it capped for good would never be tried again.
-        key = (state, self._seed_counts_s(inp.now_s) is not None)
+        seeded = self._seed_counts_s(inp.now_s) is not None
+        key = (state, seeded)
         cached = self.fail_levels
         if cached is None or cached[0] != key or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
             obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
-            if key[1]:
+            if seeded:
                 obs += [o for o in self.map_prior if o.state == state]
             rate = self.surge.usual.rate
             counted = inp.chat_arrivals is not None  # the serving layer counts chat
