@@ -447,3 +447,34 @@ def test_past_the_grace_time_a_request_in_line_gets_503_and_a_held_stream_breaks
         stopping.join(10)
     engine.release("held")
     assert engine.count(path=CHAT_URL) == 1  # the one in line never reached the engine
+
+
+@pytest.mark.parametrize("end_seen", [True, False], ids=["end-seen", "end-not-yet-read"])
+def test_an_engine_closing_a_fresh_connection_before_the_request_is_written_gets_a_502(
+    engine: FakeEngine,
+    make_gateway: Callable[..., GatewayServer],
+    http: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    end_seen: bool,
+) -> None:
+    # An engine that stops or restarts accepts and closes at once: about one request in 300
+    # met that close between the connect and the write, and hung with no answer.
+    import asyncio
+
+    from llm_watchdog.gateway.upstream import Connection, Upstream
+
+    connect = Upstream.connect
+
+    async def closed_at_once(self: Upstream) -> Connection:
+        conn = await connect(self)
+        assert conn.transport is not None
+        conn.transport.close()
+        while end_seen and not conn.closed:
+            await asyncio.sleep(0)
+        return conn
+
+    monkeypatch.setattr(Upstream, "connect", closed_at_once)
+    gw = make_gateway()
+    answer = http.post(f"{gw.url}{CHAT_URL}", json=chat_body(), timeout=5)
+    assert answer.status_code == 502
+    assert "closed the connection without answering" in answer.json()["error"]["message"]

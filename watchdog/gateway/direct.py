@@ -341,6 +341,13 @@ class Exchange:
         self.conn = conn
         conn.listener = self
         conn.begin(head_only=self.head_only)
+        if conn.closed or conn.transport is None or conn.transport.is_closing():
+            # The engine closed it between the connect and this write (it stops or
+            # restarts): answered as a connection closed before any answer, now if its end
+            # was seen already, else when it is (a write would raise under uvloop).
+            if conn.closed:
+                self.upstream_event(conn)
+            return
         conn.write(self.data)  # the whole request in one write
         self.hold.release()  # the body is the engine connection's to send now
         self._arm(upstream.first_byte_timeout_s)

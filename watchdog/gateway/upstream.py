@@ -208,8 +208,12 @@ class Connection(asyncio.Protocol):
         self.body = []
 
     def write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
+        transport = self.transport
+        assert transport is not None
+        # One the engine has closed takes no more (uvloop raises); its end, when read,
+        # answers the request as a connection closed before any answer.
+        if not transport.is_closing():
+            transport.write(data)
 
     def take_body(self) -> bytes:
         """All body bytes parsed so far, in one piece; lets the engine send more."""
