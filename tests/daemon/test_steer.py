@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,3 +375,93 @@ def test_the_law_judges_heat_against_where_the_cards_clocks_fall(store):
     steer.step()
     assert [g.temp_slowdown_c for g in seen] == [83.0, 93.0]
     assert [g.state for g in seen] == ["warm", "cool"]
+
+
+COOL_CARD = dict(
+    gpu_index=0, temp_c=60.0, sm_clock_mhz=1980.0, sm_clock_max_mhz=1980.0, throttle_reasons=0,
+    temp_slowdown_c=90.0,
+)  # fmt: skip
+
+
+def steer_a_day(tmp_path: Path, yesterday: bool) -> tuple[int, list[str]]:
+    """A restarted daemon steering a gateway whose batch job holds every request it is let
+    run and queues more (demand 16), with fast chat through the gateway, 4 answers every 5 s,
+    on a cool card, for five minutes (a fresh daemon reaches 16 in under two). With
+    `yesterday`, its store holds this engine's probes of the day before
+    (tests/helpers/history.py: chat slow at 7+ batch requests on the cool card). Returns the
+    allowance the gateway ends at and the reasons the law recorded."""
+    import threading
+    import time
+
+    from llm_watchdog.daemon.service import Daemon
+    from llm_watchdog.models import GpuSample
+    from tests.helpers.history import fill_headroom_history
+
+    clock = FakeClock(time.time())
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    batch = {**chat, "model": "batch-job"}
+    with (
+        StreamServer(answer="ok", hold_model="batch-job") as upstream,
+        GatewayServer(
+            GatewayConfig(
+                upstream_url=upstream.url, listen_port=0, control_token=TOKEN,
+                batch_default_allowance=4, batch_ceiling=16, batch_ramp_per_s=0.0,
+            )
+        ) as gw,
+        Store(tmp_path / f"{yesterday}.db") as store,
+    ):  # fmt: skip
+        settings = daemon_settings(tmp_path, gw, target="1s")
+        settings = dataclasses.replace(
+            settings,
+            control=dataclasses.replace(settings.control, default_allowance=4, ceiling=16),
+        )
+        if yesterday:
+            first = Daemon(settings, store, clock=clock, monotonic=clock)
+            first.refresh_identity()
+            fill_headroom_history(store, clock.now - 86400.0, first.fingerprint_id)
+            assert first.steer is not None
+            first.steer.close()
+        daemon = Daemon(settings, store, clock=clock, monotonic=clock)
+        daemon.refresh_identity()  # seeds the law's map from the stored probes, if any
+        steer = daemon.steer
+        assert steer is not None
+
+        def batch_request() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    f"{gw.url}/v1/chat/completions", json=batch, timeout=60,
+                    headers={"x-traffic-class": "batch"},
+                )  # fmt: skip
+
+        for _ in range(16):
+            threading.Thread(target=batch_request, daemon=True).start()
+        try:
+            with httpx.Client(base_url=gw.url, timeout=10) as client:
+                for _ in range(60):
+                    for _ in range(4):
+                        client.post("/v1/chat/completions", json=chat).raise_for_status()
+                    for _ in range(3):
+                        steer.canary(canary(300.0))
+                    steer.gpu(GpuSample(ts=clock.now, **COOL_CARD))
+                    clock.now += 5
+                    steer.step()
+            allowance = httpx.get(f"{gw.url}/control").json()["classes"]["batch"]["allowance"]
+        finally:
+            steer.close()
+            upstream.close()  # ends the held batch requests, so the gateway stops at once
+        reasons = [r["reason"] for r in store.rows("SELECT reason FROM control_actions")]
+    return allowance, reasons
+
+
+def test_a_restarted_daemon_holds_growth_under_the_level_its_engine_failed_at_the_day_before(
+    tmp_path,
+):
+    held, reasons = steer_a_day(tmp_path, yesterday=True)
+    fresh, _ = steer_a_day(tmp_path, yesterday=False)
+    assert fresh == 16  # with no earlier days, growth goes up to the batch job's demand
+    assert held == 6, reasons[-5:]
+    assert any(
+        "held at the cool headroom map: chat surely misses the SLO's minutes at 7+ batch "
+        "requests (earlier days' answers counted for another" in r
+        for r in reasons
+    ), reasons[-5:]

@@ -51,6 +51,8 @@ Behaviour (keyword arguments of `StreamServer(...)` and `set(...)`; read once pe
         "drop"               every request is met by closing its connection, no response
         "not_streaming"      answer with one `application/json` chat completion
     fault_after_tokens  tokens sent before the fault (default 1)
+    hold_model          a request naming this model is held as "hang" holds every one: a
+                        batch job's long generation keeping its slot, beside chat answered
     status, error_body  for fault="status"
     keepalive_every_s   for fault="keepalive_forever" (default 0.05 s)
     static              {path: (status, body bytes)} served as JSON before anything else
@@ -139,6 +141,7 @@ class Behaviour:
     )
     keepalive_every_s: float = 0.05
     static: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    hold_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -307,7 +310,8 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         if b.headers_delay_s:
             owner._sleep(b.headers_delay_s)
-        if b.fault == "hang":
+        request = rec.json if isinstance(rec.json, dict) else {}
+        if b.fault == "hang" or (b.hold_model and request.get("model") == b.hold_model):
             owner._sleep(None)
             raise _ClientGone
         if b.fault == "status":
@@ -316,7 +320,6 @@ class _Handler(BaseHTTPRequestHandler):
         if b.fault == "not_streaming":
             self._json(200, _completion(b))
             return
-        request = rec.json if isinstance(rec.json, dict) else {}
         self.send_response(200)
         ctype = "application/x-ndjson" if native else "text/event-stream"
         self.send_header("Content-Type", ctype)
