@@ -93,7 +93,8 @@ SCENARIOS = (
 # Ours without the headroom map it learns from chat (docs/control.md, "Headroom").
 NO_MAP = "ours:headroom=false"
 # Ours with its map seeded from the day before: the same scenario run once with another seed
-# (seed + 1000), as the daemon seeds it from the stored probes of earlier days.
+# (seed + 1000), as the daemon seeds it from the stored probes of earlier days, and starting
+# from the surge cap that run ended with, as the daemon keeps it across a restart.
 SEEDED = "ours+seed"
 # Ours with the gateway pre-empting the newest batch requests over a cut (--preempt): their
 # tokens are lost and not counted.
@@ -233,6 +234,10 @@ def seeded(s: Scenario, seed: int) -> Recorder:
     rec.inner.inner.seed_map(  # type: ignore[attr-defined]
         MapObservation(v, n, st) for _, v, n, st in law.map_samples
     )
+    # And the surge cap it ended the day with, as the daemon keeps it across a restart.
+    memory = law.surge_memory()
+    if memory is not None:
+        rec.inner.inner.seed_surge(memory)  # type: ignore[attr-defined]
     return rec
 
 

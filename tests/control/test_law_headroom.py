@@ -176,6 +176,70 @@ def test_a_surge_cap_is_retested_once_no_surge_has_come_for_as_long() -> None:
     assert c.surge_cap == 6 and c.allowance == 6
 
 
+def test_a_restarted_law_starts_from_the_surge_cap_the_last_run_held() -> None:
+    c, now = surge_missed(surge_cap_retest_s=600.0)
+    memory = c.surge_memory()
+    assert memory is not None and (memory["cap"], memory["missed_at"], memory["hot"]) == (
+        6,
+        12,
+        False,
+    )
+    # The next run, hours later on its own clock: held at the cap from its first step, and
+    # its quiet time counts from there, as if a surge had just come.
+    again = ours(default_allowance=4, ceiling=12, app_limited_headroom=0, surge_cap_retest_s=600.0)
+    assert again.seed_surge(memory)
+    later = quiet_for(again, 50_000.0, 500.0)
+    assert (again.surge_cap, again.allowance) == (6, 6)
+    assert again.surge_memory() == memory  # kept as it came, for the run after
+    quiet_for(again, later, 270.0)
+    assert again.surge_cap is None and again.allowance > 6
+    assert again.surge_memory() is None
+    # Unseeded, nothing holds it: the burst would be met from 12 again.
+    fresh = ours(default_allowance=4, ceiling=12, app_limited_headroom=0)
+    quiet_for(fresh, 50_000.0, 500.0)
+    assert fresh.allowance == 12
+
+
+def test_a_surge_memory_that_is_not_one_is_refused_and_changes_nothing() -> None:
+    c = ours()
+    good = {"cap": 6, "ratio": 3.1, "missed_at": 12, "hot": False, "clock_ratio": 0.98}
+    for bad in (
+        {},
+        {**good, "cap": "6"},
+        {**good, "cap": True},
+        {**good, "cap": 0},  # at the floor: no cap
+        {**good, "ratio": float("nan")},
+        {**good, "missed_at": -1},
+        {**good, "hot": "no"},
+        {**good, "clock_ratio": [1]},
+    ):
+        assert not c.seed_surge(bad), bad
+        assert c.surge_cap is None and c.surge_memory() is None
+    assert c.seed_surge(good) and c.surge_cap == 6
+
+
+def test_a_cap_raised_by_met_surges_stops_short_of_the_level_one_was_missed_from() -> None:
+    c = ours(surge_creep_limit=0.9)
+    assert c.seed_surge({"cap": 8, "ratio": 3.0, "missed_at": 12, "hot": False})
+    raises = []
+    for _ in range(8):
+        # A surge as big as the missed one, met from the cap with room to spare.
+        c.surge_onset, c.surge_peak, c.surge_samples = c.surge_cap, 3.0, [(0.0, 200.0)]
+        c.surge_base = c.surge_cap
+        c.surge.add = lambda *a: False  # type: ignore[method-assign]  # the surge has ended
+        c._surge(ControlInput(0.0, (), gpu=COOL), c.surge_cap, [], 1.0)
+        raises.append(c.surge_cap)
+    assert raises == [9, 10, 10, 10, 10, 10, 10, 10]  # ⌊0.9 × 12⌋, where 13 would come
+    off = ours(surge_creep_limit=0.0)
+    assert off.seed_surge({"cap": 8, "ratio": 3.0, "missed_at": 12, "hot": False})
+    for _ in range(8):
+        off.surge_onset, off.surge_peak, off.surge_samples = off.surge_cap, 3.0, [(0.0, 200.0)]
+        off.surge_base = off.surge_cap
+        off.surge.add = lambda *a: False  # type: ignore[method-assign]
+        off._surge(ControlInput(0.0, (), gpu=COOL), off.surge_cap, [], 1.0)
+    assert off.surge_cap == 16
+
+
 def history() -> list[Observation]:
     """What the card has shown: hot, chat holds with 3 batch in flight and not with 6; cool,
     it holds with 10."""

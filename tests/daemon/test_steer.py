@@ -465,3 +465,37 @@ def test_a_restarted_daemon_holds_growth_under_the_level_its_engine_failed_at_th
         "requests (earlier days' answers counted for another" in r
         for r in reasons
     ), reasons[-5:]
+
+
+def test_a_restarted_steer_starts_from_the_surge_cap_its_engine_last_held(store):
+    from llm_watchdog.store.control import surge_memory
+
+    clock = FakeClock(1_000_000.0)
+    cfg = ControlConfig(target_p95_ms=1000.0, default_allowance=8, surge_cap_retest_s=600.0)
+    memory = {"cap": 6, "ratio": 3.0, "missed_at": 12, "hot": False, "clock_ratio": 0.98}
+
+    def started(fingerprint_id: str) -> Steer:
+        steer = Steer(cfg, LyingActuator(lying=False), store, clock=clock, monotonic=clock)
+        steer.seed_headroom(fingerprint_id)
+        return steer
+
+    first = started("engine-a")
+    assert first.law.seed_surge(memory)  # as if learned from a missed burst
+    first.step()
+    first.close()
+    assert surge_memory(store, "engine-a", 0.0) == memory  # kept, under its engine
+    clock.now += 3600.0
+    again, other = started("engine-a"), started("engine-b")
+    assert again.law.surge_cap == 6 and other.law.surge_cap is None
+    for _ in range(70):  # no surge for the retest time after the restart: the cap goes
+        clock.now += 10.0
+        again.step()
+    assert again.law.surge_cap is None
+    assert surge_memory(store, "engine-a", 0.0) is None  # and is not brought back
+    assert started("engine-a").law.surge_cap is None
+    # A cap kept more than a week ago is not started from.
+    first = started("engine-a")
+    assert first.law.seed_surge(memory)
+    first.step()
+    clock.now += 8 * 86400.0
+    assert started("engine-a").law.surge_cap is None

@@ -619,3 +619,19 @@ def test_auto_resolution_follows_the_length_of_the_range(
 def test_history_rejects_unknown_resolution(store: Store) -> None:
     with pytest.raises(ValueError, match="resolution must be one of"):
         store.history(T0, None, "5m")
+
+
+def test_the_laws_surge_memory_is_kept_per_engine_replaced_and_forgotten(store: Store) -> None:
+    from llm_watchdog.store.control import save_surge_memory, surge_memory
+
+    save_surge_memory(store, "a", {"cap": 6}, T0)
+    save_surge_memory(store, None, {"cap": 3}, T0)  # no engine identified: kept under ''
+    save_surge_memory(store, "a", {"cap": 5}, T0 + 60)  # one row per engine, the newest
+    assert surge_memory(store, "a", T0) == {"cap": 5}
+    assert surge_memory(store, None, T0) == {"cap": 3}
+    assert surge_memory(store, "a", T0 + 61) is None  # older than asked for
+    store.execute("UPDATE law_memory SET surge = '[1, 2]' WHERE fingerprint_id = ''")
+    assert surge_memory(store, None, T0) is None  # not an object: not started from
+    save_surge_memory(store, "a", None, T0 + 120)
+    assert surge_memory(store, "a", T0) is None
+    assert store.rows("SELECT COUNT(*) AS n FROM law_memory")[0]["n"] == 1

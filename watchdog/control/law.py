@@ -43,10 +43,12 @@ puts back the starting point's EWMA weight 0.1 and growth line 0.8 T):
   spare, raises the cap by one growth step, max(1, ⌈`grow_fraction`·cap⌉); a cap learned
   under a thermal slowdown bit holds only while a bit is set (`surge_cap_hot_only`); a cap
   goes once the card has been cooler than when it was learned, or no surge has come, for
-  `surge_cap_retest_s` (`surge_cap_quiet_retest`), and the next surge judges anew. Surges are
-  counted from chat *arrivals* when the serving layer reports them
-  (`ControlInput.chat_arrivals`): first tokens come late and few once a burst has queued
-  behind itself.
+  `surge_cap_retest_s` (`surge_cap_quiet_retest`), and the next surge judges anew. Raised by
+  met surges, a cap stops at `surge_creep_limit` of the lowest level one was missed from.
+  `surge_memory`/`seed_surge` carry a cap across a restart of the daemon, its quiet time
+  counted from the new run's first step. Surges are counted from chat *arrivals* when the
+  serving layer reports them (`ControlInput.chat_arrivals`): first tokens come late and few
+  once a burst has queued behind itself.
 - `app_limited_headroom`: never grow more than this above what the batch job has in flight
   (Gradient2's "don't grow the limit if we are app limited"), or `app_limited_fraction` of
   it where that is more: an allowance nobody uses buys nothing, and lets a sudden batch
@@ -99,9 +101,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from llm_watchdog.control.headroom import (
     STATES,
@@ -207,6 +209,9 @@ class ControlConfig:
     # A surge cap also goes once no surge has come for `surge_cap_retest_s`: the load it was
     # learned in is gone too, and a cap met by no surge holds growth on a quiet card for hours.
     surge_cap_quiet_retest: bool = True
+    # A cap raised by met surges stops this far under the lowest level a surge was missed
+    # from while it lasts (0: off): past it, the next raise would find that miss again.
+    surge_creep_limit: float = 0.9
     headroom: bool = True  # act on the headroom map learned from chat (control/headroom.py)
     headroom_dwell_s: float = 10.0  # a thermal state counts once it has held this long
     headroom_memory_s: float = 4 * 3600.0  # samples the map is learned from
@@ -269,6 +274,7 @@ class ControlConfig:
         need(0 < self.ewma_alpha <= 1, f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
         need(0 < self.max_cut_factor < 1, "max_cut_factor must be in (0, 1)")
         need(0 < self.surge_backoff < 1, "surge_backoff must be in (0, 1)")
+        need(0 <= self.surge_creep_limit < 1, "surge_creep_limit must be in [0, 1)")
         need(
             self.freeze in FREEZE_MODES,
             f"freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}",
@@ -334,6 +340,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         surge_cap_retest_s=0.0,
         surge_cap_hot_only=False,
         surge_cap_quiet_retest=False,
+        surge_creep_limit=0.0,
         headroom=False,
         heat_eta_s=0.0,
         cut_memory_s=0.0,
@@ -462,6 +469,11 @@ class AllowanceController:
         self.surge_peak = 0.0  # the largest ratio of the current surge
         self.surge_cap: int | None = None  # learned: the highest level surges were met from
         self.surge_cap_ratio = 0.0  # the size of the largest surge missed
+        self.surge_missed_at: int | None = None  # the lowest level a surge was missed from
+        # A surge cap an earlier run learned (seed_surge) counts its quiet time from this
+        # run's first step, as if a surge had just come: None until then, or none seeded.
+        self.surge_seeded = False
+        self.surge_seed_at: float | None = None
         self.regrow_to: int | None = None  # the level a met surge was shed from
         self.regrow_at_once = False  # ... in one write (`serving_ramps`)
         self.chat_usual: float | None = None  # chat in flight outside surges, an EWMA
@@ -505,6 +517,45 @@ class AllowanceController:
         self.map_prior_at = None
         self.fail_levels = None
         return len(self.map_prior)
+
+    def surge_memory(self) -> dict[str, Any] | None:
+        """What surges have taught this run, for the next run on the same engine to start
+        from (`seed_surge`): the cap, the largest surge missed, the lowest level one was
+        missed from, and the card when the cap was learned. None while no cap holds."""
+        if self.surge_cap is None:
+            return None
+        heat = self.surge_cap_heat
+        return {
+            "cap": self.surge_cap,
+            "ratio": round(self.surge_cap_ratio, 3),
+            "missed_at": self.surge_missed_at,
+            "hot": None if heat is None else heat[0],
+            "clock_ratio": None if heat is None or heat[1] is None else round(heat[1], 4),
+        }
+
+    def seed_surge(self, memory: Mapping[str, Any]) -> bool:
+        """Start from a surge cap an earlier run learned (`surge_memory`): a restart does not
+        meet the next burst from a level the last one was missed from. The cap goes as one
+        learned here does, its quiet time counted from this run's first step. False, and
+        nothing changed, where `memory` is not one."""
+        cap, ratio, missed = memory.get("cap"), memory.get("ratio"), memory.get("missed_at")
+        hot, clock = memory.get("hot"), memory.get("clock_ratio")
+        if not (
+            _count(cap)
+            and cap > self.config.floor
+            and _real(ratio)
+            and (missed is None or _count(missed))
+            and (hot is None or isinstance(hot, bool))
+            and (clock is None or _real(clock))
+        ):
+            return False
+        self.surge_cap, self.surge_cap_ratio, self.surge_missed_at = cap, float(ratio), missed
+        self.surge_cap_heat = (
+            None if hot is None else (hot, None if clock is None else float(clock))
+        )
+        self.surge_cap_gone_since = None
+        self.surge_seeded, self.surge_seed_at = True, None
+        return True
 
     # -- what came in ----------------------------------------------------------------------
 
@@ -595,6 +646,9 @@ class AllowanceController:
             cap = max(c.floor, math.floor(self.surge_onset * c.surge_backoff))
             if seen > c.target_p95_ms and cap > c.floor:
                 self.surge_cap = cap if self.surge_cap is None else min(self.surge_cap, cap)
+                onset = self.surge_onset
+                missed = self.surge_missed_at
+                self.surge_missed_at = onset if missed is None else min(missed, onset)
                 gpu = inp.gpu
                 self.surge_cap_heat = (
                     None if gpu is None else (gpu.has(THERMAL_MASK), gpu.clock_ratio)
@@ -611,7 +665,13 @@ class AllowanceController:
                 # missed (a small surge met says little about a big one): try one more.
                 # One step of ordinary growth: one more on a small engine, 5 % on a large one,
                 # where one at a time would take hours to win back a halved cap.
-                self.surge_cap += max(1, math.ceil(c.grow_fraction * self.surge_cap))
+                raised = self.surge_cap + max(1, math.ceil(c.grow_fraction * self.surge_cap))
+                missed = self.surge_missed_at
+                if c.surge_creep_limit > 0 and missed is not None:
+                    raised = min(
+                        raised, max(self.surge_cap, math.floor(c.surge_creep_limit * missed))
+                    )
+                self.surge_cap = raised
             # A surge met: what it shed comes back at the fast pace, not one step at a time
             # (a false alarm then costs a few changes, not a dozen).
             self.regrow_to = self.surge_onset if seen <= c.target_p95_ms else None
@@ -641,6 +701,8 @@ class AllowanceController:
         self.last_now_s = inp.now_s
         if self.map_prior and self.map_prior_at is None:
             self.map_prior_at = inp.now_s
+        if self.surge_seeded and self.surge_seed_at is None:
+            self.surge_seed_at = inp.now_s
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
         fall = self._clock_fall(inp)
@@ -1008,7 +1070,10 @@ class AllowanceController:
             return
         # A cap is learned, or raised, as a surge ends: the last surge seen is at least as
         # recent as the cap.
-        if c.surge_cap_quiet_retest and inp.now_s - self.last_surge_s >= c.surge_cap_retest_s:
+        last = self.last_surge_s
+        if self.surge_seed_at is not None:
+            last = max(last, self.surge_seed_at)
+        if c.surge_cap_quiet_retest and inp.now_s - last >= c.surge_cap_retest_s:
             self._drop_surge_cap()
             return
         if self.surge_cap_heat is None:
@@ -1028,6 +1093,8 @@ class AllowanceController:
 
     def _drop_surge_cap(self) -> None:
         self.surge_cap = None
+        self.surge_missed_at = None
+        self.surge_seeded, self.surge_seed_at = False, None
         self.surge_cap_heat = None
         self.surge_cap_gone_since = None
 
@@ -1184,3 +1251,11 @@ class AllowanceController:
             "allowance_read_back": inp.allowance,
             "latency_only": gpu is None,
         }
+
+
+def _count(x: object) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _real(x: object) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0

@@ -34,11 +34,14 @@ from llm_watchdog.control.law import (
     GpuState,
 )
 from llm_watchdog.durations import human_duration
+from llm_watchdog.errors import StorageError
 from llm_watchdog.models import GpuSample, ProbeResult
 from llm_watchdog.store.control import (
     action_row,
     record_action,
     record_verification,
+    save_surge_memory,
+    surge_memory,
     verification_row,
 )
 from llm_watchdog.store.db import Store
@@ -143,6 +146,9 @@ class Steer:
         self._writes = Repeating(
             "could not set the batch allowance", "sets the batch allowance again"
         )
+        # The engine whose surge memory this run keeps (seed_headroom), and what was last kept.
+        self._fingerprint_id: str | None = None
+        self._surge_kept: dict[str, Any] | None = None
         self.allowance: int | None = None
         self.inflight: int | None = None
         self.last_action: ControlAction | None = None
@@ -176,12 +182,23 @@ class Steer:
         self._onset_c = onset_c
 
     def seed_headroom(self, fingerprint_id: str | None) -> int:
-        """Start the law's headroom map from this engine's stored probes of the last week, so
-        the first time the card turns hot after a restart the map already knows that state.
-        Returns how many probes it kept (MAP_PRIOR_PER_CELL per state and load at most)."""
+        """Start the law from what this engine taught it before a restart: the headroom map
+        from its stored probes of the last week, so the first time the card turns hot after
+        a restart the map already knows that state; and the surge cap the last run held, so
+        the next burst is not met from a level one was missed from. Returns how many probes
+        it kept (MAP_PRIOR_PER_CELL per state and load at most)."""
+        since = self.clock() - MAP_SEED_S
+        self._fingerprint_id = fingerprint_id
+        memory = surge_memory(self.store, fingerprint_id, since)
+        if memory is not None and self.law.seed_surge(memory):
+            self._surge_kept = memory
+            log.info(
+                "surge cap starts at %d batch requests, as the last run on this engine left it",
+                memory["cap"],
+            )
         if not self.law.config.headroom:
             return 0
-        rows = probe_states(self.store, self.clock() - MAP_SEED_S, fingerprint_id)
+        rows = probe_states(self.store, since, fingerprint_id)
         kept = self.law.seed_map(observation_from(r) for r in rows)
         if kept:
             log.info("headroom map starts from %d stored probes of this engine", kept)
@@ -300,6 +317,7 @@ class Steer:
         )
         self.last_action = action
         self.action_counts[action.kind] = self.action_counts.get(action.kind, 0) + 1
+        self._keep_surge_memory()
         target = action.allowance_after
         if self.dry_run:
             if action.changed:
@@ -318,6 +336,18 @@ class Steer:
             self._record_hold(action, now_s)
         self.allowance = target
         return action
+
+    def _keep_surge_memory(self) -> None:
+        """Store the law's surge memory when it changes, for a restart to start from."""
+        memory = self.law.surge_memory()
+        if memory == self._surge_kept:
+            return
+        try:
+            save_surge_memory(self.store, self._fingerprint_id, memory, self.clock())
+        except StorageError as exc:  # the next change tries again; steering goes on
+            log.warning("could not keep the surge cap for a restart: %s", exc)
+            return
+        self._surge_kept = memory
 
     def _record_hold(self, action: ControlAction, now_s: float) -> None:
         if now_s - self._last_hold_record_s >= HOLD_RECORD_EVERY_S:

@@ -1,4 +1,5 @@
-"""Control decisions in the store: the `control_actions` rows (migration m004) and their reads.
+"""Control decisions in the store: the `control_actions` rows (migration m004) and their reads,
+and the law's memory a restart starts from (`law_memory`, migration m011).
 
 A row is written for every decision the steering loop makes (a hold included), with the
 inputs and the reason, and completed once the actuator's read-back has said whether the
@@ -110,3 +111,36 @@ def steered_target_ms(store: Store) -> float | None:
     if isinstance(stored, (int, float)) and not isinstance(stored, bool) and stored >= 1:
         return float(stored)
     return None
+
+
+def save_surge_memory(
+    store: Store, fingerprint_id: str | None, memory: dict[str, Any] | None, ts: float
+) -> None:
+    """Keep the law's surge memory for this engine (migration m011), or forget it (None)."""
+    key = fingerprint_id or ""
+    if memory is None:
+        store.execute("DELETE FROM law_memory WHERE fingerprint_id = ?", (key,))
+        return
+    store.execute(
+        "INSERT INTO law_memory (fingerprint_id, ts, surge) VALUES (?, ?, ?) "
+        "ON CONFLICT(fingerprint_id) DO UPDATE SET ts = excluded.ts, surge = excluded.surge",
+        (key, ts, json.dumps(memory, sort_keys=True)),
+    )
+
+
+def surge_memory(
+    store: Store, fingerprint_id: str | None, since_ts: float
+) -> dict[str, Any] | None:
+    """The surge memory kept for this engine at `since_ts` or later; None where none is, or
+    what is kept is not a JSON object."""
+    rows = store.rows(
+        "SELECT surge FROM law_memory WHERE fingerprint_id = ? AND ts >= ?",
+        (fingerprint_id or "", since_ts),
+    )
+    if not rows:
+        return None
+    try:
+        memory = json.loads(rows[0]["surge"])
+    except (TypeError, ValueError):
+        return None
+    return memory if isinstance(memory, dict) else None
