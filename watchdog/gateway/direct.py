@@ -341,12 +341,12 @@ class Exchange:
         self.conn = conn
         conn.listener = self
         conn.begin(head_only=self.head_only)
-        if conn.closed or conn.transport is None or conn.transport.is_closing():
+        if conn.closed:
             # The engine closed it between the connect and this write (it stops or
-            # restarts): answered as a connection closed before any answer, now if its end
-            # was seen already, else when it is (a write would raise under uvloop).
-            if conn.closed:
-                self.upstream_event(conn)
+            # restarts), and its end came before this listener was set: answered now as a
+            # connection closed before any answer. One still closing takes no write
+            # (Connection.write), and its end, when read, answers the same.
+            self.upstream_event(conn)
             return
         conn.write(self.data)  # the whole request in one write
         self.hold.release()  # the body is the engine connection's to send now
