@@ -487,6 +487,10 @@ def test_a_restarted_steer_starts_from_the_surge_cap_its_engine_last_held(store)
     clock.now += 3600.0
     again, other = started("engine-a"), started("engine-b")
     assert again.law.surge_cap == 6 and other.law.surge_cap is None
+    moved = started("engine-a")
+    moved.seed_headroom("engine-c")  # another engine behind the gateway, mid-run
+    moved.step()
+    assert surge_memory(store, "engine-c", 0.0) == memory  # its row holds what the law holds
     for _ in range(70):  # no surge for the retest time after the restart: the cap goes
         clock.now += 10.0
         again.step()

@@ -189,6 +189,8 @@ class Steer:
         it kept (MAP_PRIOR_PER_CELL per state and load at most)."""
         since = self.clock() - MAP_SEED_S
         self._fingerprint_id = fingerprint_id
+        # This engine's row holds what the law holds from the next step on.
+        self._surge_kept = None
         memory = surge_memory(self.store, fingerprint_id, since)
         if memory is not None and self.law.seed_surge(memory):
             self._surge_kept = memory
