@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from llm_watchdog.control.headroom import Observation
 from llm_watchdog.control.law import (
     MAP_PRIOR_PER_CELL,
@@ -270,7 +272,7 @@ def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools
     c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
     # What the card has shown earlier in this run.
     c.map_samples.extend(
-        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state) for i, o in enumerate(history())
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None) for i, o in enumerate(history())
     )
     cut, now = cool_then_hot(c, 1000.0)
     assert cut is not None and cut.allowance_after == 3
@@ -384,7 +386,7 @@ def test_a_card_resting_just_under_its_slowdown_temperature_is_not_grown_back_to
     c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0, heat_eta_s=0.0)
     warm_holds = [Observation(300.0, 10, "warm")] * 200
     c.map_samples.extend(
-        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state)
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None)
         for i, o in enumerate(history() + warm_holds)
     )
     cut, now = cool_then_hot(c, 1000.0)
@@ -443,13 +445,13 @@ def surge_then_calm(**changes: object) -> AllowanceController:
 
 
 def test_the_map_learns_from_chat_at_its_usual_rate_not_from_a_surge() -> None:
-    learned = [ms for _, ms, _, _ in surge_then_calm().map_samples]
+    learned = [ms for _, ms, *_ in surge_then_calm().map_samples]
     # The surge's slow answers, and the minute after it while its queue drains, are load:
     # none is in the map, and the calm before and after is.
     assert 2500.0 not in learned
     assert len(learned) >= 3 * 30
     # Where it is off, the map takes them in, as before.
-    mixed = [ms for _, ms, _, _ in surge_then_calm(map_skip_surges=False).map_samples]
+    mixed = [ms for _, ms, *_ in surge_then_calm(map_skip_surges=False).map_samples]
     assert mixed.count(2500.0) == 6 * 9
 
 
@@ -533,6 +535,65 @@ def test_the_fail_cap_judges_as_the_slo_only_where_chat_is_counted_and_only_its_
     assert grow_after(hot_only, chat_fails_at_18(hot_only, HOT, 4), 4).allowance_after == 32
     off = ours(default_allowance=10, map_fail_cap=False)
     assert grow_after(off, chat_fails_at_18(off, COOL, 4), 4).allowance_after == 32
+
+
+BAND = 1.6  # the opt-in rate band's width, as docs/control.md measures it
+
+
+def test_the_fail_cap_leaves_out_the_answers_of_chat_busier_than_now() -> None:
+    # Chat failed at 18 batch requests while it arrived at 2.4 a second (a lunch hour); at
+    # 0.8 a second, three times fewer, those answers say nothing and growth goes on.
+    lunch = ours(default_allowance=10, map_rate_band=BAND)
+    a = grow_after(lunch, chat_fails_at_18(lunch, COOL, arrivals=12), arrivals=4)
+    assert a.allowance_after == 32, a.reason
+    # Off (the default): every rate counts, and growth is held under the failing level.
+    lumped = ours(default_allowance=10)
+    a = grow_after(lumped, chat_fails_at_18(lumped, COOL, arrivals=12), arrivals=4)
+    assert a.allowance_after == 16, a.reason
+    # Within the band (0.8 a second against 0.6) the answers still count.
+    near = ours(default_allowance=10, map_rate_band=BAND)
+    a = grow_after(near, chat_fails_at_18(near, COOL, arrivals=4), arrivals=3)
+    assert a.allowance_after == 16, a.reason
+
+
+def test_a_level_that_failed_under_calmer_chat_is_held_under_busier_chat() -> None:
+    # Failed at 0.8 a second; chat now arrives at 2.4: the level fails now too.
+    c = ours(default_allowance=10, map_rate_band=BAND)
+    a = grow_after(c, chat_fails_at_18(c, COOL, arrivals=4), arrivals=12)
+    assert a.allowance_after == 16, a.reason
+
+
+def test_the_map_stamps_each_answer_with_chats_rate_over_the_last_two_minutes() -> None:
+    c = ours(default_allowance=10)
+    chat_fails_at_18(c, COOL, arrivals=12)
+    rates = [r for *_, r in c.map_samples]
+    assert rates[0] is None  # under a minute seen: no rate yet
+    assert rates[-1] == 12 / 5.0
+    # Counted from the answers where the serving layer does not count arrivals.
+    answers = ours(default_allowance=10)
+    chat_fails_at_18(answers, COOL, arrivals=None)
+    assert [r for *_, r in answers.map_samples][-1] == 4 / 5.0
+
+
+def test_an_earlier_days_answer_counts_at_any_rate_when_its_rate_is_not_known() -> None:
+    def yesterday(rate: float | None) -> list[Observation]:
+        return [dataclasses.replace(o, chat_per_s=rate) for o in failed_yesterday_at_18()]
+
+    at_lunch = ours(default_allowance=10, map_rate_band=BAND)
+    at_lunch.seed_map(yesterday(2.4))
+    assert grow_after(at_lunch, 0.0, 4).allowance_after == 32
+    unknown = ours(default_allowance=10, map_rate_band=BAND)
+    unknown.seed_map(yesterday(None))
+    assert grow_after(unknown, 0.0, 4).allowance_after == 16
+    calmer = ours(default_allowance=10, map_rate_band=BAND)
+    calmer.seed_map(yesterday(0.3))
+    assert grow_after(calmer, 0.0, 4).allowance_after == 16
+
+
+def test_the_rate_band_is_off_or_wider_than_one() -> None:
+    assert ours().config.map_rate_band == 0.0
+    with pytest.raises(ValueError, match="map_rate_band must be 0"):
+        ours(map_rate_band=1.0)
 
 
 def failed_yesterday_at_18() -> list[Observation]:

@@ -93,6 +93,7 @@ class Observation:
     state: str
     temp_c: float | None = None
     clock_ratio: float | None = None
+    chat_per_s: float | None = None  # chat's arrival rate around it; None: not known
 
 
 @dataclass(frozen=True)
@@ -394,4 +395,5 @@ def observation_from(row: dict[str, Any]) -> Observation:
         temp_c=row.get("temp_c"),
         # The band a row shows: an idle card's clock is not read, as its state does not.
         clock_ratio=clock_ratio(clock, top, row.get("throttle_reasons")),
+        chat_per_s=None if row.get("chat_per_s") is None else float(row["chat_per_s"]),
     )

@@ -131,6 +131,9 @@ MAP_PRIOR_PER_CELL = 400
 HEAT_PACE_S = 60.0
 # The busy clock a fall is measured from: the busiest of the last minute.
 CLOCK_FALL_WINDOW_S = 60.0
+# Chat's arrival rate a map sample is stamped with, and the map's answers are read at: over
+# this long, as the SLO's minutes are judged, and twice that to steady a slow rate's count.
+CHAT_RATE_WINDOW_S = 120.0
 # The map's failing groups are read again this often: a verdict moves over minutes, and a
 # read groups up to hours of chat.
 FAIL_LEVELS_EVERY_S = 30.0
@@ -245,6 +248,12 @@ class ControlConfig:
     # the card failed at yesterday is not probed again on the first morning. After that the
     # level is tried anew, and this run's answers alone judge it.
     map_fail_cap_seed: bool = True
+    # The fail cap leaves out answers of chat that arrived at more than this factor of its
+    # rate now (0: every rate counts). Headroom falls as chat's rate rises, so a level that
+    # failed under a lunch hour's rush need not fail the calmer afternoon (hr-smallcase-lunch:
+    # held at 0 for an hour after lunch by answers from lunch). Off: on the benchmark it gave
+    # back more windows than it saved (docs/control.md, "Chat's rate and the fail cap").
+    map_rate_band: float = 0.0
 
     @property
     def slot_line(self) -> int:
@@ -275,6 +284,10 @@ class ControlConfig:
         need(0 < self.max_cut_factor < 1, "max_cut_factor must be in (0, 1)")
         need(0 < self.surge_backoff < 1, "surge_backoff must be in (0, 1)")
         need(0 <= self.surge_creep_limit < 1, "surge_creep_limit must be in [0, 1)")
+        need(
+            self.map_rate_band == 0 or self.map_rate_band > 1,
+            f"map_rate_band must be 0 (off) or > 1, got {self.map_rate_band}",
+        )
         need(
             self.freeze in FREEZE_MODES,
             f"freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}",
@@ -347,6 +360,7 @@ def design_law(config: ControlConfig) -> ControlConfig:
         clock_fall_cut=0.0,
         map_fail_cap=False,
         map_fail_cap_seed=False,
+        map_rate_band=0.0,
     )
 
 
@@ -490,7 +504,10 @@ class AllowanceController:
         self.surge_cap_heat: tuple[bool, float | None] | None = None
         self.surge_cap_gone_since: float | None = None
         # The headroom map: (now_s, TTFT, batch in flight, state) of the last hours' chat.
-        self.map_samples: deque[tuple[float, float, int, str]] = deque()
+        # (now_s, TTFT ms, batch in flight, thermal state, chat's rate per second or None)
+        self.map_samples: deque[tuple[float, float, int, str, float | None]] = deque()
+        self.chat_counts: deque[tuple[float, int, float]] = deque()  # (now_s, arrivals, dt)
+        self.chat_rate: float | None = None  # chat's arrivals a second lately (_chat_rate)
         self.map_state: str | None = None  # the thermal state that has held dwell_s
         self.map_candidate: tuple[str, float] | None = None  # (state, since)
         self.map_grow_to: int | None = None  # the cooler state's row, until reached
@@ -703,6 +720,7 @@ class AllowanceController:
             self.map_prior_at = inp.now_s
         if self.surge_seeded and self.surge_seed_at is None:
             self.surge_seed_at = inp.now_s
+        self.chat_rate = self._chat_rate(inp, values, dt)
         surge = self._surge(inp, level, values, dt)
         heat_now = inp.gpu is not None and inp.gpu.has(THERMAL_MASK)
         fall = self._clock_fall(inp)
@@ -1025,9 +1043,7 @@ class AllowanceController:
         key = (state, seeded)
         cached = self.fail_levels
         if cached is None or cached[0] != key or inp.now_s - cached[1] >= FAIL_LEVELS_EVERY_S:
-            obs = [Observation(v, n, st) for _, v, n, st in self.map_samples if st == state]
-            if seeded:
-                obs += [o for o in self.map_prior if o.state == state]
+            obs = self._not_busier(self._map_obs(state, prior=seeded))
             rate = self.surge.usual.rate
             counted = inp.chat_arrivals is not None  # the serving layer counts chat
             per_minute = round(rate * 60.0) if counted and rate else 0
@@ -1105,7 +1121,9 @@ class AllowanceController:
             return None
         state = inp.gpu.state
         if inp.batch_inflight is not None:
-            self.map_samples.extend((inp.now_s, v, inp.batch_inflight, state) for v in values)
+            self.map_samples.extend(
+                (inp.now_s, v, inp.batch_inflight, state, self.chat_rate) for v in values
+            )
         while self.map_samples and self.map_samples[0][0] < inp.now_s - c.headroom_memory_s:
             self.map_samples.popleft()
         if self.map_candidate is None or self.map_candidate[0] != state:
@@ -1114,6 +1132,37 @@ class AllowanceController:
             return None
         before, self.map_state = self.map_state, state
         return None if before is None else (before, state)
+
+    def _chat_rate(self, inp: ControlInput, values: list[float], dt: float) -> float | None:
+        """Chat's arrivals a second over the last CHAT_RATE_WINDOW_S; None until half of that
+        has been seen. Arrivals where the serving layer counts them, else the answers."""
+        arrivals = len(values) if inp.chat_arrivals is None else inp.chat_arrivals
+        if dt > 0:
+            self.chat_counts.append((inp.now_s, arrivals, dt))
+        while self.chat_counts and self.chat_counts[0][0] <= inp.now_s - CHAT_RATE_WINDOW_S:
+            self.chat_counts.popleft()
+        span = sum(d for _, _, d in self.chat_counts)
+        if span < CHAT_RATE_WINDOW_S / 2:
+            return None
+        return sum(k for _, k, _ in self.chat_counts) / span
+
+    def _map_obs(self, state: str, *, prior: bool = True) -> list[Observation]:
+        """The map's observations in `state`, with the earlier days' where `prior`."""
+        obs = [
+            Observation(v, n, st, chat_per_s=r)
+            for _, v, n, st, r in self.map_samples
+            if st == state
+        ]
+        return [o for o in self.map_prior if o.state == state] + obs if prior else obs
+
+    def _not_busier(self, obs: list[Observation]) -> list[Observation]:
+        """`obs` less the answers of chat that arrived at over `map_rate_band` times its rate
+        now, where both rates are known: a level failing under busier chat may hold now, and
+        one failing under calmer chat fails now too."""
+        band, now = self.config.map_rate_band, self.chat_rate
+        if band <= 1 or not now:
+            return obs
+        return [o for o in obs if o.chat_per_s is None or o.chat_per_s <= now * band]
 
     def _clock_fall(self, inp: ControlInput) -> float | None:
         """The busy SM clock as a share of its busiest of the last minute; None when off,
@@ -1158,9 +1207,7 @@ class AllowanceController:
     def _map_row(self, state: str) -> StateRow | None:
         """The map's row for `state`, where it is sure or fairly sure of an answer."""
         # Each state's row is decided from its own observations alone: the others need no map.
-        obs = [o for o in self.map_prior if o.state == state] + [
-            Observation(v, n, st) for _, v, n, st in self.map_samples if st == state
-        ]
+        obs = self._map_obs(state)
         row = next(iter(headroom_map(obs, self.config.target_p95_ms)), None)
         if row is None or row.allowance is None or row.confidence == "not enough data":
             return None
@@ -1246,6 +1293,8 @@ class AllowanceController:
                 if inp.chat_arrivals is None or self.surge.usual.rate is None
                 else round(self.surge.usual.rate, 4)
             ),
+            # Chat's rate of the last two minutes, which the map's answers are read at.
+            "chat_per_s": None if self.chat_rate is None else round(self.chat_rate, 4),
             "chat_inflight": inp.chat_inflight,
             "chat_usual_inflight": None if self.chat_usual is None else round(self.chat_usual, 2),
             "allowance_read_back": inp.allowance,

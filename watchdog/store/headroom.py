@@ -2,7 +2,9 @@
 
 One row per warm, successful probe of one fingerprint since a time: its TTFT, the batch
 requests in flight when it was sent (migration m005), and the newest sample of the first GPU
-taken at most `MAX_SAMPLE_AGE_S` before it (NULLs where there was none: latency-only mode).
+taken at most `MAX_SAMPLE_AGE_S` before it (NULLs where there was none: latency-only mode),
+and chat's arrival rate the control loop recorded with its newest decision at most
+`MAX_RATE_AGE_S` before it (NULL where there was none, or it had no rate yet).
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ from typing import Any
 from llm_watchdog.store.db import Store
 
 MAX_SAMPLE_AGE_S = 30.0
+# The control loop records a decision at least once a minute: the newest within this long
+# before a probe carries chat's rate around it.
+MAX_RATE_AGE_S = 90.0
 
 _SQL = """
 SELECT p.ts, p.ttft_ms, p.batch_inflight, p.batch_allowance,
        g.temp_c, g.sm_clock_mhz, g.sm_clock_max_mhz, g.throttle_reasons, g.temp_slowdown_c,
-       g.temp_target_c
+       g.temp_target_c,
+       (SELECT json_extract(a.inputs, '$.chat_per_s') FROM control_actions a
+        WHERE a.ts <= p.ts AND a.ts > p.ts - ?
+        ORDER BY a.ts DESC LIMIT 1) AS chat_per_s
 FROM probes p
 LEFT JOIN gpu_samples g ON g.id = (
     SELECT s.id FROM gpu_samples s
@@ -39,7 +47,7 @@ def probe_states(
     """Probes from `since_ts` to `until_ts` (None: now; of `fingerprint_id` where given),
     oldest first, each with the GPU sample it was sent under. Probes without a batch in-flight
     count are left out: they say nothing about headroom."""
-    params: list[Any] = [MAX_SAMPLE_AGE_S, since_ts]
+    params: list[Any] = [MAX_RATE_AGE_S, MAX_SAMPLE_AGE_S, since_ts]
     where = ""
     if fingerprint_id is not None:
         where = "AND p.fingerprint_id = ?"
