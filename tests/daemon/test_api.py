@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llm_watchdog.daemon.api import ApiServer, ProbeMetrics, heat_eta_s
+from llm_watchdog.daemon.api import ApiServer, ProbeMetrics, _write, heat_eta_s
 from llm_watchdog.errors import ConfigError
 from llm_watchdog.models import GpuSample
 from tests.helpers.metrics import families, sample
@@ -190,6 +191,40 @@ def test_clients_that_leave_mid_answer_leave_no_traceback(
     assert httpx.get(api.url + "/metrics", timeout=10).status_code == 200
     bad = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert not bad, [r.getMessage() for r in bad]
+
+
+def test_an_answer_that_fits_the_socket_leaves_the_connection_idle_at_once() -> None:
+    """A write that the kernel takes whole returns without giving up the loop: were it to
+    wait there, a burst of quick clients would all count as busy at once and the cap would
+    shut a newcomer (a scrape) out with a reset."""
+
+    async def one_write() -> tuple[bool, bool]:
+        a, b = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=a)
+        try:
+            step = _write(writer, 200, "text/plain", b"x" * 1000, keep=True)
+            try:
+                step.send(None)
+                finished = False
+            except StopIteration:
+                finished = True
+            step.close()
+            # A body bigger than the socket's buffers does wait for the peer to read.
+            big = _write(writer, 200, "text/plain", b"x" * 20_000_000, keep=True)
+            try:
+                big.send(None)
+                waits = True
+            except StopIteration:
+                waits = False
+            big.close()
+            return finished, waits
+        finally:
+            writer.transport.abort()
+            b.close()
+
+    finished, waits = asyncio.run(one_write())
+    assert finished
+    assert waits
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(api: ApiServer) -> None:

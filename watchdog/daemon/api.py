@@ -595,6 +595,11 @@ async def _write(
         f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
     )
     writer.write(head.encode("latin-1") + body)
+    if writer.transport.get_write_buffer_size() == 0:
+        # All of it is in the kernel: returning without a yield puts the connection back to
+        # idle at once, so a burst of quick answers never makes every connection look busy
+        # and shut a newcomer out.
+        return
     # A client that sends and never reads fills the socket: past the idle timeout it is
     # dropped, or it would hold its place among max_connections for ever (a busy connection
     # is never closed to make room).
