@@ -1125,3 +1125,52 @@ def test_the_laws_slot_line_is_the_gateways(slots: int) -> None:
     assert (
         ControlConfig(target_p95_ms=1000.0, engine_slots=slots, slot_margin=-1).slot_line == slots
     )
+
+
+# -- the surge gate (surge_shed_gate, surge_gate_minutes: off by default) ----------------------
+
+
+def stepped_chat(gate: float, cluster: int, slow: float | None = None) -> ControlAction:
+    """Ten minutes of chat at 1/s, five at 2/s (it stepped up and stays), then a 10-s
+    cluster of `cluster` arrivals, all fast but for one `slow` answer if given. Returns the
+    decision at the cluster's second half."""
+    c = ours(
+        default_allowance=12,
+        ceiling=12,
+        app_limited_headroom=0,
+        surge_confirm=1,
+        surge_shed_gate=gate,
+        surge_gate_minutes=5 if gate else 0,
+    )
+    now = 0.0
+    for per_5s, steps in ((5, 120), (10, 60)):
+        for _ in range(steps):
+            c.step(ControlInput(now, (200.0,) * per_5s, allowance=12))
+            now += 5.0
+    half = cluster // 2
+    c.step(ControlInput(now, (200.0,) * half, allowance=12))
+    answers = (200.0,) * (cluster - half - 1) + ((slow,) if slow is not None else (200.0,))
+    return c.step(ControlInput(now + 5.0, answers, allowance=12))
+
+
+def test_a_cluster_over_a_lagging_usual_rate_sheds_without_the_gate() -> None:
+    # 30 in 10 s is over 2× the EWMA (still near 1.4/s), not over 2× the 5-minute median (2/s)
+    a = stepped_chat(0.0, 30)
+    assert a.kind == "cut" and a.reason.endswith("shed batch ahead of the queue")
+
+
+def test_the_gate_holds_a_step_cluster_that_chat_meets_fast() -> None:
+    a = stepped_chat(0.5, 30)
+    assert (a.kind, a.allowance_after) == ("hold", 12)
+    assert a.reason == "hold 12: chat still arriving faster than usual: no probing upward"
+    assert a.inputs["chat_surge"] >= 2.0  # a surge all the same: no growth into it
+
+
+def test_the_gate_sheds_once_an_answer_of_the_cluster_slows() -> None:
+    a = stepped_chat(0.5, 30, slow=600.0)  # over 0.5 T
+    assert a.kind == "cut" and a.reason.endswith("shed batch ahead of the queue")
+
+
+def test_the_gate_never_holds_a_burst_over_the_recent_minutes() -> None:
+    a = stepped_chat(0.5, 50)  # over 2× the median too: a burst, shed at once
+    assert a.kind == "cut" and a.reason.endswith("shed batch ahead of the queue")

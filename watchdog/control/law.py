@@ -200,6 +200,14 @@ class ControlConfig:
     grow_to_demand: bool = True  # never grow past batch in flight + queued (where known)
     max_grows_per_h: float = 0.0  # grows in any hour; cuts are never held back; 0: off
     surge_heat_factor: float = 1.5  # under a thermal slowdown a surge sheds at this × ratio
+    # A surge sheds only once one of its answers (or the estimate) is over this × T: chat
+    # that a surge leaves fast needs no room made for it (0: every surge sheds). With
+    # `surge_gate_minutes`, only surges that are none over the median of the last that many
+    # one-minute rates wait: chat that stepped up, read against an EWMA still catching up.
+    # Off: as many runs met, a few fewer windows missed and less churn where chat steps up,
+    # but windows lost on a card with rare big bursts (docs/control.md, "Surges").
+    surge_shed_gate: float = 0.0
+    surge_gate_minutes: int = 0
     # The usual arrival rate is at least the median of the last this many one-minute rates
     # (0: the EWMA alone): chat that steps up and stays is the usual within minutes. Off:
     # fewer changes and more batch where chat steps up, but more missed windows at unseen
@@ -306,6 +314,8 @@ class ControlConfig:
         )
         need(self.max_grows_per_h >= 0, f"max_grows_per_h must be ≥ 0, got {self.max_grows_per_h}")
         need(self.surge_heat_factor >= 1, "surge_heat_factor must be ≥ 1")
+        need(0 <= self.surge_shed_gate < 1, "surge_shed_gate must be in [0, 1) (0: off)")
+        need(self.surge_gate_minutes >= 0, "surge_gate_minutes must be ≥ 0 (0: every surge)")
         for name in (
             "drain_time_s",
             "grow_cooldown_s",
@@ -361,6 +371,8 @@ def design_law(config: ControlConfig) -> ControlConfig:
         map_fail_cap=False,
         map_fail_cap_seed=False,
         map_rate_band=0.0,
+        surge_shed_gate=0.0,
+        surge_gate_minutes=0,
     )
 
 
@@ -474,6 +486,7 @@ class AllowanceController:
             warmup_s=c.surge_warmup_s,
             confirm=c.surge_confirm,
             level_minutes=c.surge_level_minutes,
+            keep_minutes=c.surge_gate_minutes,
         )
         self.surge_base: int | None = None  # the level when the current surge was confirmed
         self.surge_onset = 0  # the highest level in the lookback before it was confirmed
@@ -775,6 +788,22 @@ class AllowanceController:
         )
         if heat_not_load:
             shed_to = None
+        if shed_to is not None and c.surge_shed_gate > 0 and est is not None:
+            # A surge read against a usual rate still catching up with a step in chat is
+            # often chance; it sheds once chat shows it needs room, not before.
+            gate = c.surge_shed_gate * t
+            median = self.surge.level(c.surge_gate_minutes) if c.surge_gate_minutes else None
+            expected = 0.0 if median is None else median * self.surge.last_span
+            n = self.surge.last_count
+            stepped = median is not None and (
+                n < c.surge_ratio * expected or n < expected + c.surge_z * math.sqrt(expected)
+            )
+            if (
+                (not c.surge_gate_minutes or stepped)
+                and est < gate
+                and all(v < gate for _, v in self.surge_samples)
+            ):
+                shed_to = None
         # A cut acts on what runs: an allowance above the batch requests in flight is room
         # nobody uses, and cutting only that changes nothing for chat.
         running = (

@@ -90,6 +90,7 @@ class SurgeDetector:
         warmup_s: float,
         confirm: int = 1,
         level_minutes: int = 0,
+        keep_minutes: int = 0,
     ) -> None:
         self.ratio = ratio
         self.window_s = window_s
@@ -106,15 +107,20 @@ class SurgeDetector:
         self.surging = False
         self.last_ratio = 0.0
         self.level_minutes = level_minutes
-        self.minutes: deque[float] = deque(maxlen=max(level_minutes, 1))  # rates, oldest first
+        self.minutes: deque[float] = deque(maxlen=max(level_minutes, keep_minutes, 1))
+        self.last_count = 0  # arrivals in the last window_s, and the span they cover
+        self.last_span = 0.0
         self.minute_count = 0
         self.minute_s = 0.0
 
-    def level(self) -> float | None:
-        """The median of the last `level_minutes` one-minute rates; None until that many."""
-        if self.level_minutes <= 0 or len(self.minutes) < self.level_minutes:
+    def level(self, minutes: int | None = None) -> float | None:
+        """The median of the last `minutes` (`level_minutes`) one-minute rates; None until
+        that many."""
+        k = self.level_minutes if minutes is None else minutes
+        if k <= 0 or len(self.minutes) < k:
             return None
-        return sorted(self.minutes)[len(self.minutes) // 2]
+        last = list(self.minutes)[-k:]
+        return sorted(last)[k // 2]
 
     def add(self, now_s: float, count: int, dt_s: float) -> bool:
         """Count the arrivals of the last `dt_s` seconds; True while a surge lasts."""
@@ -125,6 +131,7 @@ class SurgeDetector:
             self.recent.popleft()
         n = sum(k for _, k, _ in self.recent)
         span = sum(d for _, _, d in self.recent)
+        self.last_count, self.last_span = n, span
         usual = self.usual.rate
         level = self.level()
         if level is not None and usual is not None:
