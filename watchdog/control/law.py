@@ -793,11 +793,7 @@ class AllowanceController:
             # often chance; it sheds once chat shows it needs room, not before.
             gate = c.surge_shed_gate * t
             median = self.surge.level(c.surge_gate_minutes) if c.surge_gate_minutes else None
-            expected = 0.0 if median is None else median * self.surge.last_span
-            n = self.surge.last_count
-            stepped = median is not None and (
-                n < c.surge_ratio * expected or n < expected + c.surge_z * math.sqrt(expected)
-            )
+            stepped = median is not None and not self.surge.surge_over(median)
             if (
                 (not c.surge_gate_minutes or stepped)
                 and est < gate

@@ -122,6 +122,14 @@ class SurgeDetector:
         last = list(self.minutes)[-k:]
         return sorted(last)[k // 2]
 
+    def _beyond(self, n: int, expected: float) -> bool:
+        """Is `n` arrivals a surge by size and by odds over `expected`?"""
+        return n >= self.ratio * expected and n >= expected + self.z * math.sqrt(expected)
+
+    def surge_over(self, rate: float) -> bool:
+        """Would the last window's arrivals be a surge over `rate` (arrivals a second)?"""
+        return self._beyond(self.last_count, rate * self.last_span)
+
     def add(self, now_s: float, count: int, dt_s: float) -> bool:
         """Count the arrivals of the last `dt_s` seconds; True while a surge lasts."""
         if dt_s <= 0:
@@ -151,9 +159,8 @@ class SurgeDetector:
         if self.usual.seen_s < self.warmup_s or expected <= 0:
             self.surging = False
             return False
-        big = self.last_ratio >= self.ratio and n >= self.min_count
-        unlikely = n >= expected + self.z * math.sqrt(expected)
-        self.streak = self.streak + 1 if big and unlikely else 0
+        big = self._beyond(n, expected) and n >= self.min_count
+        self.streak = self.streak + 1 if big else 0
         low = self.last_ratio < 0.5 * (1.0 + self.ratio)
         self.low_streak = self.low_streak + 1 if low else 0
         if self.streak >= self.confirm:
