@@ -225,12 +225,13 @@ def make(spec: str, s: Scenario) -> Recorder:
     return Recorder(FACTORIES[name](arg or None, ctx))
 
 
-def seeded(s: Scenario, seed: int) -> Recorder:
-    """`ours` with what the day before taught its headroom map."""
-    before = make("ours", s)
+def seeded(s: Scenario, seed: int, spec: str = "ours") -> Recorder:
+    """`ours` (or a form of it, `ours:key=value`) with what the day before taught its
+    headroom map."""
+    before = make(spec, s)
     run_virtual(s, s.duration_s, before, seed=seed + 1000, warmup_s=WARMUP_S, hold_slots=HOLD_SLOTS)
     law = before.inner.inner  # type: ignore[attr-defined]
-    rec = make("ours", s)
+    rec = make(spec, s)
     rec.inner.inner.seed_map(  # type: ignore[attr-defined]
         MapObservation(v, n, st, chat_per_s=r) for _, v, n, st, r in law.map_samples
     )
