@@ -109,7 +109,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
         span = f"{min(ratios):.2f} / {max(ratios):.2f}" if ratios else "—"
         out.append(
             f"{form:{width}}  {n:4d}  {met:4d}  {missed:6d}  {chg:5.1f}  {over:3d}  {tok:6.1f}"
-            f"  {len(pairs) and same:4d}  {span}"
+            f"  {same:4d}  {span}"
         )
     return out
 
@@ -186,13 +186,13 @@ def main(argv: list[str] | None = None) -> None:
         bad = [f for f in forms if f.partition(":")[0] != "ours"]
         if bad:
             raise SystemExit(
-                f"forms are of the law: 'ours' or 'ours:key=value,...', got {bad[0]!r}"
+                f"error: forms are of the law: 'ours' or 'ours:key=value,...', got {bad[0]!r}"
             )
         try:
             seeds = [int(x) for x in args.seeds.split(",")]
         except ValueError:
             raise SystemExit(
-                f"--seeds takes whole numbers split by commas, got {args.seeds!r}"
+                f"error: --seeds takes whole numbers split by commas, got {args.seeds!r}"
             ) from None
         names = args.scenarios.split(",") if args.scenarios else scenarios()
         try:
