@@ -628,3 +628,35 @@ def test_the_seed_caps_growth_for_the_runs_first_hours_then_the_level_is_tried_a
     pooled = ours(default_allowance=10)
     pooled.seed_map(failed_yesterday_at_18())
     assert grow_after(pooled, 0.0, None).allowance_after == 32
+
+
+def one_slow_answer_at_18(c: AllowanceController) -> float:
+    """Chat at one answer every 5 s (12 a minute, which allows ~0.1 % over the target) for
+    seven minutes with 18 batch requests in flight, one of its 84 answers slow."""
+    now = 0.0
+    for k in range(84):
+        c.step(
+            ControlInput(
+                now,
+                (1500.0 if k == 40 else 300.0,),
+                gpu=COOL,
+                batch_inflight=18,
+                batch_queued=30,
+                chat_arrivals=1,
+                allowance=10,
+            )
+        )
+        now += 5.0
+    return now
+
+
+def test_one_slow_answer_is_a_sure_failure_only_where_asked() -> None:
+    """At 12 answers a minute one slow answer in 84 is "sure" by the binomial bar; with
+    `map_fail_min_over` = 2 a single answer caps nothing (docs/control.md: laptop-dock-bursts
+    held at 1 for a run by one answer)."""
+    one = ours(default_allowance=10)
+    a = grow_after(one, one_slow_answer_at_18(one), arrivals=1)
+    assert a.allowance_after == 16, a.reason
+    two = ours(default_allowance=10, map_fail_min_over=2)
+    a = grow_after(two, one_slow_answer_at_18(two), arrivals=1)
+    assert a.allowance_after == 32, a.reason
