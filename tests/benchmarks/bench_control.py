@@ -67,7 +67,7 @@ from llm_watchdog.control.headroom import Observation as MapObservation  # noqa:
 from llm_watchdog.sim.controllers import Controller, ControllerContext, Observation  # noqa: E402
 from llm_watchdog.sim.law import FACTORIES, INTERVAL_S, SimController  # noqa: E402
 from llm_watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
-from llm_watchdog.sim.virtual import run_virtual  # noqa: E402
+from llm_watchdog.sim.virtual import RunResult, run_virtual  # noqa: E402
 from llm_watchdog.stats import quantile  # noqa: E402
 
 SCENARIOS = (
@@ -242,6 +242,12 @@ def seeded(s: Scenario, seed: int, spec: str = "ours") -> Recorder:
     return rec
 
 
+def attained(r: RunResult) -> tuple[float, int]:
+    """A run's attainment (NaN with no chat to judge) and the one-minute windows it missed."""
+    att = r.slo_attainment if r.slo_attainment is not None else math.nan
+    return att, 0 if math.isnan(att) else r.slo_windows - round(att * r.slo_windows)
+
+
 def run(spec: str, s: Scenario, seed: int) -> Row:
     preempt = spec == PREEMPT
     rec = seeded(s, seed) if spec == SEEDED else make("ours" if preempt else spec, s)
@@ -250,11 +256,11 @@ def run(spec: str, s: Scenario, seed: int) -> Row:
     )
     restores = restore_times(rec, s)
     late = restore_times(rec, s, strict=True)
-    att = r.slo_attainment if r.slo_attainment is not None else math.nan
+    att, bad = attained(r)
     return Row(
         controller=spec,
         att=att,
-        bad=0 if math.isnan(att) else r.slo_windows - round(att * r.slo_windows),
+        bad=bad,
         tok_s=r.batch_tokens_per_s,
         chat_p95_ms=r.chat_ttft_p95_ms or math.nan,
         changes=r.allowance_changes,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections import defaultdict
@@ -67,13 +66,13 @@ def one(job: tuple[str, str, int]) -> dict[str, Any]:
     s = load_scenario(name)
     rec = bc.seeded(s, seed, form)
     r = run_virtual(s, s.duration_s, rec, seed=seed, warmup_s=bc.WARMUP_S, hold_slots=bc.HOLD_SLOTS)
-    att = r.slo_attainment if r.slo_attainment is not None else math.nan
+    att, missed = bc.attained(r)
     return {
         "form": form,
         "scenario": short(name),
         "seed": seed,
         "att": att,
-        "missed": 0 if math.isnan(att) else r.slo_windows - round(att * r.slo_windows),
+        "missed": missed,
         "tok_s": r.batch_tokens_per_s,
         "changes_per_h": bc.steady_changes_per_h(rec, s),
     }

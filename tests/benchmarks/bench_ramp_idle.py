@@ -106,11 +106,10 @@ def run_one(s: Scenario, starts: list[float], spec: str, seed: int, idle_s: floa
     after = [v for m in minutes for v in m]
     slo = s.slo_chat_ttft_p95_ms
     bad_after = sum(1 for m in minutes if m and quantile(m, 0.95) > slo)
-    att = r.slo_attainment if r.slo_attainment is not None else math.nan
     return {
         "after": after,
         "bad_after": bad_after,
-        "bad": r.slo_windows - round(att * r.slo_windows),
+        "bad": bc.attained(r)[1],
         "tok_s": r.batch_tokens_per_s,
     }
 
