@@ -33,10 +33,10 @@ import json
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -48,6 +48,8 @@ from llm_watchdog.sim.scenario import load_scenario  # noqa: E402
 from llm_watchdog.sim.virtual import run_virtual  # noqa: E402
 
 HELD_OUT = HERE / "heldout"
+T = TypeVar("T")
+R = TypeVar("R")
 TARGET_ATT = bc.TARGET_ATT
 
 
@@ -150,15 +152,45 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def pool_map(fn: Callable[[T], R], work: Sequence[T], jobs: int) -> Iterable[R]:
+    """fn over work in `jobs` processes (in this one at 1), results in work's order."""
+    if jobs <= 1:
+        yield from map(fn, work)
+        return
+    with ProcessPoolExecutor(jobs) as pool:
+        yield from pool.map(fn, work)
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"error: --seeds takes whole numbers split by commas, got {text!r}"
+        ) from None
+
+
+def collect(rows: Iterable[dict[str, Any]], jsonl: Path | None) -> list[dict[str, Any]]:
+    """The rows, each appended to `jsonl` as it comes, so a run cut short keeps what it did."""
+    out = []
+    sink = jsonl.open("a") if jsonl else None
+    try:
+        for row in rows:
+            out.append(row)
+            if sink:
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+    finally:
+        if sink:
+            sink.close()
+    return out
+
+
 def run_forms(
     forms: Sequence[str], names: Sequence[str], seeds: Iterable[int], jobs: int
 ) -> Iterable[dict[str, Any]]:
     work = [(f, name, seed) for name in names for seed in seeds for f in forms]
-    if jobs <= 1:
-        yield from map(one, work)
-        return
-    with ProcessPoolExecutor(jobs) as pool:
-        yield from pool.map(one, work)
+    return pool_map(one, work, jobs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -187,12 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(
                 f"error: forms are of the law: 'ours' or 'ours:key=value,...', got {bad[0]!r}"
             )
-        try:
-            seeds = [int(x) for x in args.seeds.split(",")]
-        except ValueError:
-            raise SystemExit(
-                f"error: --seeds takes whole numbers split by commas, got {args.seeds!r}"
-            ) from None
+        seeds = parse_seeds(args.seeds)
         names = args.scenarios.split(",") if args.scenarios else scenarios()
         try:
             # Every form and scenario checked here, before the pool: a wrong key or name is
@@ -202,17 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                 bc.make(form, loaded[0])
         except (ConfigError, ValueError) as e:
             raise SystemExit(f"error: {e}") from None
-        rows = []
-        sink = args.jsonl.open("a") if args.jsonl else None
-        try:
-            for row in run_forms(forms, names, seeds, args.jobs):
-                rows.append(row)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-        finally:
-            if sink:
-                sink.close()
+        rows = collect(run_forms(forms, names, seeds, args.jobs), args.jsonl)
     print("\n".join(summary(rows)))
     if args.per_scenario:
         print()

@@ -53,12 +53,10 @@ seed take about a quarter of an hour on two cores.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,19 +302,11 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    return bf.read_rows(path)
-
-
 def run_all(
     names: Sequence[str], seeds: Iterable[int], segment_s: float, rounds: int, jobs: int
 ) -> Iterable[dict[str, Any]]:
     work = [(name, seed, segment_s, rounds) for name in names for seed in seeds]
-    if jobs <= 1:
-        yield from map(one, work)
-        return
-    with ProcessPoolExecutor(jobs) as pool:
-        yield from pool.map(one, work)
+    return bf.pool_map(one, work, jobs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -334,14 +324,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.rows_from is not None:
-        rows = read_rows(args.rows_from)
+        rows = bf.read_rows(args.rows_from)
     else:
-        try:
-            seeds = [int(x) for x in args.seeds.split(",")]
-        except ValueError:
-            raise SystemExit(
-                f"error: --seeds takes whole numbers split by commas, got {args.seeds!r}"
-            ) from None
+        seeds = bf.parse_seeds(args.seeds)
         if not args.segment_s >= 60.0:
             raise SystemExit(
                 f"error: --segment-s is at least 60 (one SLO window), got {args.segment_s:g}"
@@ -354,17 +339,7 @@ def main(argv: list[str] | None = None) -> None:
                 load_scenario(n)
         except (ConfigError, ValueError) as e:
             raise SystemExit(f"error: {e}") from None
-        rows = []
-        sink = args.jsonl.open("a") if args.jsonl else None
-        try:
-            for row in run_all(names, seeds, args.segment_s, args.rounds, args.jobs):
-                rows.append(row)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-        finally:
-            if sink:
-                sink.close()
+        rows = bf.collect(run_all(names, seeds, args.segment_s, args.rounds, args.jobs), args.jsonl)
     print("\n".join(table(rows)))
     print()
     print("\n".join(summary(rows)))

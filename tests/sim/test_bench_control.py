@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
 from llm_watchdog.sim.scenario import load_scenario
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_control.py"
-
 
 @pytest.fixture
-def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_control_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+def bench(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("bench_control")
 
 
 def test_the_slot_line_is_held_unless_asked_not_to(bench: ModuleType) -> None:

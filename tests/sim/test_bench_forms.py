@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture
-def forms() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location(
-        "bench_forms_under_test", BENCH / "bench_forms.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+def forms(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("bench_forms")
 
 
 def row(form: str, scenario: str, seed: int, missed: int, tok: float, chg: float) -> dict:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -15,21 +13,10 @@ import pytest
 from llm_watchdog.sim.scenario import load_scenario
 from llm_watchdog.sim.virtual import MinuteRow, RunResult
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture
-def hs() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(
-        "bench_hindsight_under_test", BENCH / "bench_hindsight.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+def hs(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("bench_hindsight")
 
 
 SLO = 1000.0
