@@ -204,10 +204,16 @@ def test_the_summary_counts_the_target_only_where_a_static_meets_it(hs: ModuleTy
     out = hs.summary(rows)
     # Every stream all the time: a at 1.25, b at 1.07, under the target's 1.10.
     assert out[0].startswith("runs with a best static: 2 of 3;") and out[0].endswith(": 1")
-    assert "at ≥ 99 %:   2   mean ×best 1.11   ×best ≥ 1.10 at 99 %:   1" in out[1]
+    assert "at ≥ 99 %:   2   ×best mean 1.11, median 1.11   ≥ 1.10 at 99 %:   1" in out[1]
     # ours's 1.30 on b came at 98 %: it does not count towards the target.
-    assert "at ≥ 99 %:   1   mean ×best 1.18   ×best ≥ 1.10 at 99 %:   0" in out[2]
+    assert "at ≥ 99 %:   1   ×best mean 1.18, median 1.18   ≥ 1.10 at 99 %:   0" in out[2]
     assert out[1].startswith("hindsight") and out[2].startswith("ours")
+    assert out[3] == "ours under 0.95 × where the schedule took ≥ 0.95 × at 99 %: 0"
+    rows.append(row("d", 1, 6, (0.995, 1.0), (1.0, 0.9)))  # a schedule at 1.0, ours at 0.9
+    rows.append(row("e", 1, 6, (0.98, 1.0), (1.0, 0.9)))  # the schedule missed 99 % here
+    out = hs.summary(rows)
+    assert "under 0.95:   2" in out[2]
+    assert out[3] == "ours under 0.95 × where the schedule took ≥ 0.95 × at 99 %: 1 (d)"
     text = "\n".join(hs.table(rows))
     assert "none" in text and "—" in text
 
