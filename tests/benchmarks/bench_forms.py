@@ -138,17 +138,37 @@ def per_scenario(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
+# What a row of this script's --jsonl holds; --from checks each row for it.
+ROW_KEYS = ("form", "scenario", "seed", "att", "missed", "tok_s", "changes_per_h")
+
+
+def read_rows(path: Path, keys: Sequence[str] = ROW_KEYS) -> list[dict[str, Any]]:
+    """The rows a --jsonl kept; a file that cannot be read, or a row that is not one, is one
+    line naming it."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise SystemExit(
+            f"error: cannot read {path}: {reason}; give a file --jsonl wrote"
+        ) from None
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
             raise SystemExit(
-                f"{path}:{i}: not a JSON row ({e.msg}); give a file --jsonl wrote"
+                f"error: {path}:{i}: not a JSON row ({e.msg}); give a file --jsonl wrote"
             ) from None
+        missing = [k for k in keys if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise SystemExit(
+                f"error: {path}:{i}: not a row of this benchmark (no {missing[0]!r});"
+                " give a file its --jsonl wrote"
+            )
+        rows.append(row)
     return rows
 
 
@@ -173,7 +193,13 @@ def parse_seeds(text: str) -> list[int]:
 def collect(rows: Iterable[dict[str, Any]], jsonl: Path | None) -> list[dict[str, Any]]:
     """The rows, each appended to `jsonl` as it comes, so a run cut short keeps what it did."""
     out = []
-    sink = jsonl.open("a") if jsonl else None
+    try:
+        sink = jsonl.open("a") if jsonl else None
+    except OSError as e:
+        raise SystemExit(
+            f"error: cannot write {jsonl}: {e.strerror};"
+            " give --jsonl a file in a folder that exists"
+        ) from None
     try:
         for row in rows:
             out.append(row)

@@ -260,6 +260,22 @@ def one(job: tuple[str, int, float, int]) -> dict[str, Any]:
     }
 
 
+# What a row of this script's --jsonl holds; --from checks each row for it.
+ROW_KEYS = (
+    "scenario",
+    "seed",
+    "best",
+    "best_tok_s",
+    "uncapped_x_best",
+    "hindsight_att",
+    "hindsight_x_best",
+    "hindsight_changes_per_h",
+    "hindsight_rounds",
+    "ours_att",
+    "ours_x_best",
+)
+
+
 def _f(x: float | None, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -338,7 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.rows_from is not None:
-        rows = bf.read_rows(args.rows_from)
+        rows = bf.read_rows(args.rows_from, ROW_KEYS)
     else:
         seeds = bf.parse_seeds(args.seeds)
         if not args.segment_s >= 60.0:

@@ -78,8 +78,22 @@ def test_rows_kept_by_jsonl_are_summarized_again_and_a_bad_line_named(
     forms.main(["--from", str(kept)])
     assert capsys.readouterr().out.splitlines()[1].split()[:4] == ["ours", "1", "0", "2"]
     kept.write_text(json.dumps(row("ours", "a", 0, 1, 90.0, 5.0)) + "\n{not json\n")
-    with pytest.raises(SystemExit, match=r"rows.jsonl:2: not a JSON row"):
+    with pytest.raises(SystemExit, match=r"^error: .*rows.jsonl:2: not a JSON row"):
         forms.main(["--from", str(kept)])
+
+
+def test_a_file_that_cannot_be_read_or_holds_other_rows_is_one_line(
+    forms: ModuleType, tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        forms.main(["--from", str(tmp_path / "none.jsonl")])
+    assert str(e.value).startswith("error: cannot read ") and "\n" not in str(e.value)
+    with pytest.raises(SystemExit, match=r"^error: cannot write .*nodir"):
+        forms.collect(iter([{"a": 1}]), tmp_path / "nodir" / "rows.jsonl")
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"scenario": "a", "seed": 0}) + "\n")
+    with pytest.raises(SystemExit, match=r"^error: .*other.jsonl:1: not a row of this benchmark"):
+        forms.main(["--from", str(other)])
 
 
 def test_a_wrong_form_or_scenario_is_one_line_before_any_run(forms: ModuleType) -> None:

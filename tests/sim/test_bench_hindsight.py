@@ -228,6 +228,16 @@ def test_rows_kept_by_jsonl_print_again(
     assert "a" in out and "runs with a best static: 1 of 1" in out
 
 
+def test_rows_of_another_benchmark_are_named_not_a_traceback(
+    hs: ModuleType, tmp_path: Path
+) -> None:
+    f = tmp_path / "forms.jsonl"
+    f.write_text(json.dumps({"form": "ours", "scenario": "a", "seed": 0, "att": 1.0}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        hs.main(["--from", str(f)])
+    assert str(e.value).startswith("error: ") and "not a row of this benchmark" in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
