@@ -69,7 +69,8 @@ import bench_control as bc  # noqa: E402
 import bench_forms as bf  # noqa: E402
 
 from llm_watchdog.errors import ConfigError  # noqa: E402
-from llm_watchdog.sim.controllers import Observation  # noqa: E402
+from llm_watchdog.sim.cli import peak_demand  # noqa: E402
+from llm_watchdog.sim.controllers import Controller, Observation  # noqa: E402
 from llm_watchdog.sim.law import INTERVAL_S  # noqa: E402
 from llm_watchdog.sim.scenario import Scenario, load_scenario  # noqa: E402
 from llm_watchdog.sim.virtual import MinuteRow, RunResult, run_virtual  # noqa: E402
@@ -104,8 +105,7 @@ class Segment:
 
 def rungs(s: Scenario) -> list[int]:
     """Chat alone, then the ladder up to the batch job's peak demand."""
-    demand = max([s.batch.streams, *(e.batch_streams or 0 for e in s.schedule)])
-    return [0, *(n for n in bc.LADDER if n <= max(demand, 1))]
+    return [0, *(n for n in bc.LADDER if n <= max(peak_demand(s), 1))]
 
 
 def judged(m: MinuteRow, slo_ms: float) -> bool:
@@ -144,11 +144,15 @@ def lower(levels: list[int], k: int, ladder: Sequence[int]) -> bool:
     return True
 
 
-def run_schedule(s: Scenario, seed: int, levels: Sequence[int], segment_s: float) -> RunResult:
-    rec = bc.Recorder(Schedule(levels, segment_s))
+def lab_run(s: Scenario, seed: int, ctl: Controller) -> RunResult:
+    """The whole scenario under ctl, judged and held as bench_control.py's runs are."""
     return run_virtual(
-        s, s.duration_s, rec, seed=seed, warmup_s=bc.WARMUP_S, hold_slots=bc.HOLD_SLOTS
+        s, s.duration_s, ctl, seed=seed, warmup_s=bc.WARMUP_S, hold_slots=bc.HOLD_SLOTS
     )
+
+
+def run_schedule(s: Scenario, seed: int, levels: Sequence[int], segment_s: float) -> RunResult:
+    return lab_run(s, seed, Schedule(levels, segment_s))
 
 
 def hindsight(
@@ -207,26 +211,12 @@ def one(job: tuple[str, int, float, int]) -> dict[str, Any]:
     """The statics, the schedule and ours on one scenario and seed."""
     name, seed, segment_s, rounds = job
     s = load_scenario(name)
-    statics = {}
-    for n in rungs(s):
-        rec = bc.make(f"static:{n}", s)
-        statics[n] = run_virtual(
-            s, s.duration_s, rec, seed=seed, warmup_s=bc.WARMUP_S, hold_slots=bc.HOLD_SLOTS
-        )
+    statics = {n: lab_run(s, seed, bc.make(f"static:{n}", s)) for n in rungs(s)}
     # Every stream the batch job has, all the run: no allowance takes more batch than this.
-    uncapped = run_virtual(
-        s,
-        s.duration_s,
-        bc.make("none", s),
-        seed=seed,
-        warmup_s=bc.WARMUP_S,
-        hold_slots=bc.HOLD_SLOTS,
-    )
-    whole = {
-        n: r
-        for n, r in statics.items()
-        if n > 0 and (r.slo_attainment or 0.0) >= bc.TARGET_ATT - 1e-9
-    }
+    uncapped = lab_run(s, seed, bc.make("none", s))
+    whole = [
+        n for n, r in statics.items() if n > 0 and (r.slo_attainment or 0.0) >= bc.TARGET_ATT - 1e-9
+    ]
     best = max(whole, key=lambda n: statics[n].batch_tokens_per_s) if whole else None
     sched, levels, used = hindsight(s, seed, statics, segment_s, rounds)
     ours = bf.one(("ours", name, seed))
