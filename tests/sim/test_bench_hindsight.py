@@ -56,6 +56,17 @@ def result(p95s: Sequence[float | None], tokens: Sequence[int]) -> RunResult:
     )
 
 
+def met_everywhere(rungs: Sequence[int], minutes: int) -> dict[int, RunResult]:
+    """Static runs that met every window, each rung's tokens a minute its own number."""
+    return {n: result([100.0] * minutes, [n] * minutes) for n in rungs}
+
+
+def as_run(levels: Sequence[int], per_segment: int, p95s: Sequence[float]) -> RunResult:
+    """A schedule's run: each minute's tokens the level of its segment."""
+    n = len(p95s)
+    return result(p95s, [levels[min(i // per_segment, len(levels) - 1)] for i in range(n)])
+
+
 def test_segments_count_each_window_once_and_leave_the_warmup_out(hs: ModuleType) -> None:
     # Six minutes in two segments of three; the first two minutes are warmup.
     r = result([2000, 2000, 500, 2000, None, 500], [1, 2, 3, 4, 5, 6])
@@ -95,11 +106,7 @@ def test_a_missed_window_lowers_its_segment_and_the_run_goes_again(
     hs: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Statics over four 3-minute segments: 8 met everywhere on its own runs.
-    statics = {
-        0: result([100] * 12, [0] * 12),
-        4: result([100] * 12, [4] * 12),
-        8: result([100] * 12, [8] * 12),
-    }
+    statics = met_everywhere([0, 4, 8], 12)
     tried: list[list[int]] = []
 
     def fake(s: object, seed: int, levels: Sequence[int], segment_s: float) -> RunResult:
@@ -109,7 +116,7 @@ def test_a_missed_window_lowers_its_segment_and_the_run_goes_again(
         p95 = [100.0] * 12
         if levels[2] == 8:
             p95[7] = 5000.0
-        return result(p95, [levels[min(i // 3, 3)] for i in range(12)])
+        return as_run(levels, 3, p95)
 
     monkeypatch.setattr(hs, "run_schedule", fake)
     s = dataclasses.replace(load_scenario("workstation"), duration_s=720.0)
@@ -123,11 +130,8 @@ def test_a_miss_in_a_segments_first_minutes_lowers_the_one_before(
     hs: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The static 8 misses in the third segment, where 4 meets: the plan is 8, 8, 4, 8.
-    statics = {
-        0: result([100] * 12, [0] * 12),
-        4: result([100] * 12, [4] * 12),
-        8: result([100.0] * 7 + [5000.0] + [100.0] * 4, [8] * 12),
-    }
+    statics = met_everywhere([0, 4], 12)
+    statics[8] = result([100.0] * 7 + [5000.0] + [100.0] * 4, [8] * 12)
     tried: list[list[int]] = []
 
     def fake(s: object, seed: int, levels: Sequence[int], segment_s: float) -> RunResult:
@@ -137,7 +141,7 @@ def test_a_miss_in_a_segments_first_minutes_lowers_the_one_before(
         p95 = [100.0] * 12
         if levels[1] > levels[2]:
             p95[6] = 5000.0
-        return result(p95, [levels[min(i // 3, 3)] for i in range(12)])
+        return as_run(levels, 3, p95)
 
     monkeypatch.setattr(hs, "run_schedule", fake)
     s = dataclasses.replace(load_scenario("workstation"), duration_s=720.0)
@@ -149,16 +153,12 @@ def test_a_miss_in_a_segments_first_minutes_lowers_the_one_before(
 def test_the_rounds_run_out_and_the_try_that_met_most_is_kept(
     hs: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    statics = {
-        0: result([100] * 8, [0] * 8),
-        4: result([100] * 8, [4] * 8),
-        8: result([100] * 8, [8] * 8),
-    }
+    statics = met_everywhere([0, 4, 8], 8)
 
     def fake(s: object, seed: int, levels: Sequence[int], segment_s: float) -> RunResult:
         # Misses whatever it does: two windows at 8, one below it.
         bad = 2 if levels[0] == 8 else 1
-        return result([100.0] * (8 - bad) + [5000.0] * bad, [levels[0]] * 8)
+        return as_run(levels, 8, [100.0] * (8 - bad) + [5000.0] * bad)
 
     monkeypatch.setattr(hs, "run_schedule", fake)
     s = dataclasses.replace(load_scenario("workstation"), duration_s=480.0)
