@@ -233,7 +233,8 @@ def seeded(s: Scenario, seed: int, spec: str = "ours") -> Recorder:
     law = before.inner.inner  # type: ignore[attr-defined]
     rec = make(spec, s)
     rec.inner.inner.seed_map(  # type: ignore[attr-defined]
-        MapObservation(v, n, st, chat_per_s=r) for _, v, n, st, r in law.map_samples
+        MapObservation(v, n, st, clock_ratio=k, chat_per_s=r)
+        for _, v, n, st, k, r in law.map_samples
     )
     # And the surge cap it ended the day with, as the daemon keeps it across a restart.
     memory = law.surge_memory()

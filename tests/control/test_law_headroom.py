@@ -4,6 +4,7 @@ budget, and acting ahead of time on the headroom map."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -272,7 +273,8 @@ def test_the_map_cuts_ahead_when_the_card_turns_hot_and_grows_back_when_it_cools
     c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
     # What the card has shown earlier in this run.
     c.map_samples.extend(
-        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None) for i, o in enumerate(history())
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None, None)
+        for i, o in enumerate(history())
     )
     cut, now = cool_then_hot(c, 1000.0)
     assert cut is not None and cut.allowance_after == 3
@@ -361,6 +363,50 @@ def test_a_card_heading_for_its_slowdown_temperature_is_cut_to_the_hot_row_befor
     assert "heads for its slowdown temperature" in cut.reason
 
 
+def first_ahead_cut(c: AllowanceController) -> ControlAction | None:
+    """The first cut while the card heats 70 → 90 °C at 15 °C a minute, chat fast."""
+    now, temp = 0.0, 70.0
+    while temp < 90.0:
+        a = c.step(
+            ControlInput(now, (300.0,) * 3, gpu=heating(temp), batch_inflight=10, batch_queued=0)
+        )
+        if a.kind == "cut":
+            return a
+        now += 1.0
+        temp += 0.25
+    return None
+
+
+def test_the_cut_ahead_can_take_the_hot_row_of_a_card_just_into_its_slowdown() -> None:
+    # Hot at half the clock (the cooler failed outright), chat held with 2 batch and not 6;
+    # hot at 0.88 of it (just into the slowdown), it held with 8 and not with 12.
+    deep = [Observation(300.0, 2, "hot", clock_ratio=0.5)] * 200
+    deep += [
+        Observation(2500.0 if i % 3 == 0 else 300.0, 6, "hot", clock_ratio=0.5) for i in range(200)
+    ]
+    shallow = [Observation(300.0, 8, "hot", clock_ratio=0.88)] * 200
+    shallow += [Observation(2500.0, 12, "hot", clock_ratio=0.88)] * 50
+    cool = [Observation(300.0, 10, "cool", clock_ratio=1.0)] * 200
+    pooled = ours(
+        default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0, map_ahead_clock=0.0
+    )
+    pooled.seed_map(deep + shallow + cool)
+    cut = first_ahead_cut(pooled)
+    assert cut is not None and cut.allowance_after == 2  # the whole hot row: 6 failed
+    # A card creeping into its slowdown arrives at its top clocks: the row learned there
+    # (map_ahead_clock, 0.8 of the clock, the default).
+    near = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    near.seed_map(deep + shallow + cool)
+    cut = first_ahead_cut(near)
+    assert cut is not None and cut.allowance_after == 8
+    assert "heads for its slowdown temperature" in cut.reason
+    # Answers with no clock known count in either row.
+    unknown = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    unknown.seed_map(history())
+    cut = first_ahead_cut(unknown)
+    assert cut is not None and cut.allowance_after == 3
+
+
 def test_a_card_heading_for_its_slowdown_temperature_does_not_grow_into_it():
     c = ours(default_allowance=4, app_limited_headroom=0, grow_cooldown_s=0.0)
     now, temp = 0.0, 70.0
@@ -386,7 +432,7 @@ def test_a_card_resting_just_under_its_slowdown_temperature_is_not_grown_back_to
     c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0, heat_eta_s=0.0)
     warm_holds = [Observation(300.0, 10, "warm")] * 200
     c.map_samples.extend(
-        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None)
+        (float(i // 3), o.ttft_ms, o.batch_inflight, o.state, None, None)
         for i, o in enumerate(history() + warm_holds)
     )
     cut, now = cool_then_hot(c, 1000.0)
@@ -660,3 +706,11 @@ def test_one_slow_answer_is_a_sure_failure_only_where_asked() -> None:
     two = ours(default_allowance=10, map_fail_min_over=2)
     a = grow_after(two, one_slow_answer_at_18(two), arrivals=1)
     assert a.allowance_after == 32, a.reason
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1])
+def test_the_ahead_clock_setting_is_checked(value: float) -> None:
+    with pytest.raises(
+        ValueError, match=re.escape(f"map_ahead_clock must be in [0, 1) (0: off), got {value}")
+    ):
+        ControlConfig(target_p95_ms=2000.0, map_ahead_clock=value)

@@ -232,6 +232,11 @@ class ControlConfig:
     # The card heads for where its clocks fall (rising, and at this pace there within this
     # long): no growing into it, and a cut to the map's hot row where the map knows it.
     heat_eta_s: float = 120.0  # 0: off
+    # The cut ahead of the heat goes to the hot row learned at clocks of at least this share
+    # of the maximum (0: the whole hot row). A card that creeps into its slowdown arrives at
+    # its top clocks; the answers of a card at half its clock (a cooler that failed) would
+    # cut it to a level it never needs (docs/control.md, "Before the heat arrives").
+    map_ahead_clock: float = 0.8
     # A latency cut remembers what failed: growth stops one under the batch that ran when
     # chat slowed, for this long, or until the card is in a cooler thermal state (0: off).
     cut_memory_s: float = 1200.0
@@ -319,6 +324,10 @@ class ControlConfig:
         )
         need(self.max_grows_per_h >= 0, f"max_grows_per_h must be ≥ 0, got {self.max_grows_per_h}")
         need(self.surge_heat_factor >= 1, "surge_heat_factor must be ≥ 1")
+        need(
+            0 <= self.map_ahead_clock < 1,
+            f"map_ahead_clock must be in [0, 1) (0: off), got {self.map_ahead_clock}",
+        )
         need(0 <= self.surge_shed_gate < 1, "surge_shed_gate must be in [0, 1) (0: off)")
         need(self.surge_gate_minutes >= 0, "surge_gate_minutes must be ≥ 0 (0: every surge)")
         for name in (
@@ -527,7 +536,8 @@ class AllowanceController:
         self.surge_cap_gone_since: float | None = None
         # The headroom map: (now_s, TTFT, batch in flight, state) of the last hours' chat.
         # (now_s, TTFT ms, batch in flight, thermal state, chat's rate per second or None)
-        self.map_samples: deque[tuple[float, float, int, str, float | None]] = deque()
+        # (time, chat TTFT ms, batch in flight, thermal state, clock ratio, chat's rate)
+        self.map_samples: deque[tuple[float, float, int, str, float | None, float | None]] = deque()
         self.chat_counts: deque[tuple[float, int, float]] = deque()  # (now_s, arrivals, dt)
         self.chat_rate: float | None = None  # chat's arrivals a second lately (_chat_rate)
         self.map_state: str | None = None  # the thermal state that has held dwell_s
@@ -763,7 +773,7 @@ class AllowanceController:
         if self.ahead_level is not None and not self._resting_at_limit(inp.gpu):
             self.ahead_level = None
         if eta is not None and map_cut is None:
-            ahead = self._map_row("hot")
+            ahead = self._map_row("hot", clock_min=c.map_ahead_clock)
             if ahead is not None and ahead.bound in ("exact", "at most"):
                 map_cut = ahead
         if inp.chat_inflight is not None and not surge:
@@ -1160,7 +1170,8 @@ class AllowanceController:
         state = inp.gpu.state
         if inp.batch_inflight is not None:
             self.map_samples.extend(
-                (inp.now_s, v, inp.batch_inflight, state, self.chat_rate) for v in values
+                (inp.now_s, v, inp.batch_inflight, state, inp.gpu.clock_ratio, self.chat_rate)
+                for v in values
             )
         while self.map_samples and self.map_samples[0][0] < inp.now_s - c.headroom_memory_s:
             self.map_samples.popleft()
@@ -1187,8 +1198,8 @@ class AllowanceController:
     def _map_obs(self, state: str, *, prior: bool = True) -> list[Observation]:
         """The map's observations in `state`, with the earlier days' where `prior`."""
         obs = [
-            Observation(v, n, st, chat_per_s=r)
-            for _, v, n, st, r in self.map_samples
+            Observation(v, n, st, clock_ratio=k, chat_per_s=r)
+            for _, v, n, st, k, r in self.map_samples
             if st == state
         ]
         return [o for o in self.map_prior if o.state == state] + obs if prior else obs
@@ -1242,10 +1253,13 @@ class AllowanceController:
     def _map_grow_pending(self, level: int) -> bool:
         return self.map_grow_to is not None and self.map_grow_to > level
 
-    def _map_row(self, state: str) -> StateRow | None:
-        """The map's row for `state`, where it is sure or fairly sure of an answer."""
+    def _map_row(self, state: str, clock_min: float = 0.0) -> StateRow | None:
+        """The map's row for `state`, where it is sure or fairly sure of an answer; with
+        `clock_min`, from the answers at a clock of at least that share (or none known)."""
         # Each state's row is decided from its own observations alone: the others need no map.
         obs = self._map_obs(state)
+        if clock_min > 0:
+            obs = [o for o in obs if o.clock_ratio is None or o.clock_ratio >= clock_min]
         row = next(iter(headroom_map(obs, self.config.target_p95_ms)), None)
         if row is None or row.allowance is None or row.confidence == "not enough data":
             return None
