@@ -343,28 +343,9 @@ def heating(temp_c: float) -> GpuState:
     return GpuState(0, 2000.0, 2000.0, temp_c=temp_c, temp_slowdown_c=90.0)
 
 
-def test_a_card_heading_for_its_slowdown_temperature_is_cut_to_the_hot_row_before_it_gets_there():
-    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
-    c.seed_map(history())
-    now, temp = 0.0, 70.0
-    first = None
-    while temp < 90.0:
-        a = c.step(
-            ControlInput(now, (300.0,) * 3, gpu=heating(temp), batch_inflight=10, batch_queued=0)
-        )
-        if a.kind == "cut" and first is None:
-            first = (a, temp)
-        now += 1.0
-        temp += 0.25  # a fan has stopped: 15 °C a minute
-    assert first is not None, "no cut before the card reached 90 °C"
-    cut, at_c = first
-    assert cut.allowance_after == 3  # the seeded hot row
-    assert at_c < 90.0 and cut.inputs["headroom_row"].startswith("hot")
-    assert "heads for its slowdown temperature" in cut.reason
-
-
 def first_ahead_cut(c: AllowanceController) -> ControlAction | None:
-    """The first cut while the card heats 70 → 90 °C at 15 °C a minute, chat fast."""
+    """The first cut while the card heats 70 → 90 °C at 15 °C a minute (a fan has stopped),
+    chat fast; None if none came before 90 °C."""
     now, temp = 0.0, 70.0
     while temp < 90.0:
         a = c.step(
@@ -375,6 +356,16 @@ def first_ahead_cut(c: AllowanceController) -> ControlAction | None:
         now += 1.0
         temp += 0.25
     return None
+
+
+def test_a_card_heading_for_its_slowdown_temperature_is_cut_to_the_hot_row_before_it_gets_there():
+    c = ours(default_allowance=10, app_limited_headroom=0, headroom_dwell_s=5.0)
+    c.seed_map(history())
+    cut = first_ahead_cut(c)
+    assert cut is not None, "no cut before the card reached 90 °C"
+    assert cut.allowance_after == 3  # the seeded hot row
+    assert cut.inputs["headroom_row"].startswith("hot")
+    assert "heads for its slowdown temperature" in cut.reason
 
 
 def test_the_cut_ahead_can_take_the_hot_row_of_a_card_just_into_its_slowdown() -> None:

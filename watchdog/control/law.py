@@ -534,9 +534,8 @@ class AllowanceController:
         # it has been cooler than that: the cap is re-tested once that has lasted.
         self.surge_cap_heat: tuple[bool, float | None] | None = None
         self.surge_cap_gone_since: float | None = None
-        # The headroom map: (now_s, TTFT, batch in flight, state) of the last hours' chat.
-        # (now_s, TTFT ms, batch in flight, thermal state, chat's rate per second or None)
-        # (time, chat TTFT ms, batch in flight, thermal state, clock ratio, chat's rate)
+        # The headroom map's answers of the last hours: (now_s, chat TTFT ms, batch in flight,
+        # thermal state, clock ratio or None, chat's rate per second or None).
         self.map_samples: deque[tuple[float, float, int, str, float | None, float | None]] = deque()
         self.chat_counts: deque[tuple[float, int, float]] = deque()  # (now_s, arrivals, dt)
         self.chat_rate: float | None = None  # chat's arrivals a second lately (_chat_rate)
