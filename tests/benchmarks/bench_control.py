@@ -155,16 +155,21 @@ class Row:
     wall_s: float = 0.0
 
 
-def disturbances(s: Scenario) -> list[tuple[float, float]]:
-    """(start, end) of chat bursts and schedule steps."""
-    out = [(e.at_s, e.at_s) for e in s.schedule]
+def chat_bursts(s: Scenario) -> list[tuple[float, float]]:
+    """(start, end) of each chat burst in the scenario, in time order."""
+    out = []
     every, dur = s.chat.burst_every_s, s.chat.burst_duration_s
     if every > 0 and dur > 0:
         k = 1
         while k * every < s.duration_s:
             out.append((k * every, k * every + dur))
             k += 1
-    return sorted(out)
+    return out
+
+
+def disturbances(s: Scenario) -> list[tuple[float, float]]:
+    """(start, end) of chat bursts and schedule steps."""
+    return sorted([(e.at_s, e.at_s) for e in s.schedule] + chat_bursts(s))
 
 
 def restore_times(rec: Recorder, s: Scenario, *, strict: bool = False) -> list[float]:

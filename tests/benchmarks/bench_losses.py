@@ -63,14 +63,7 @@ def cause(reason: str) -> str:
 
 def bursts(s: Scenario) -> list[tuple[float, float]]:
     """(start, end) of each chat burst, with the two minutes after it."""
-    every, dur = s.chat.burst_every_s, s.chat.burst_duration_s
-    if every <= 0 or dur <= 0:
-        return []
-    return [
-        (k * every, k * every + dur + AFTER_BURST_S)
-        for k in range(1, int(s.duration_s // every) + 1)
-        if k * every < s.duration_s
-    ]
+    return [(a, b + AFTER_BURST_S) for a, b in bc.chat_bursts(s)]
 
 
 def losses(
