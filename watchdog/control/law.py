@@ -1166,11 +1166,10 @@ class AllowanceController:
         c = self.config
         if not c.headroom or inp.gpu is None:
             return None
-        state = inp.gpu.state
+        state, ratio = inp.gpu.state, inp.gpu.clock_ratio
         if inp.batch_inflight is not None:
             self.map_samples.extend(
-                (inp.now_s, v, inp.batch_inflight, state, inp.gpu.clock_ratio, self.chat_rate)
-                for v in values
+                (inp.now_s, v, inp.batch_inflight, state, ratio, self.chat_rate) for v in values
             )
         while self.map_samples and self.map_samples[0][0] < inp.now_s - c.headroom_memory_s:
             self.map_samples.popleft()
